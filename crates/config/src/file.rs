@@ -1,0 +1,206 @@
+//! The TOML file as written by an operator: documented serde structs with
+//! defaults. Nothing here is trusted yet; [`crate::validate`] turns it into
+//! the typed [`crate::Config`]. Every key is documented in `docs/config.md`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfigFile {
+    /// Process-wide settings.
+    pub server: ServerSection,
+    /// The plain-HTTP admin listener (metrics, health).
+    pub admin: AdminSection,
+    /// Timeouts and size limits.
+    pub limits: LimitsSection,
+    /// TLS protocol policy shared by all listeners.
+    pub tls: TlsSection,
+    /// Access log.
+    pub access_log: AccessLogSection,
+    /// HTTPS listeners; `[[listener]]` tables.
+    #[serde(rename = "listener")]
+    pub listeners: Vec<ListenerSection>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Worker threads; 0 means one per core.
+    pub workers: usize,
+    /// Value of the `Server` response header; empty omits the header.
+    pub server_header: String,
+    /// How long SIGTERM waits for in-flight requests before exiting.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// Listen backlog of every listening socket.
+    pub backlog: u32,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        Self {
+            workers: 0,
+            server_header: "tlsgate".into(),
+            shutdown_timeout: Duration::from_secs(10),
+            backlog: 1024,
+        }
+    }
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminSection {
+    /// Address of the metrics/health listener; empty disables it.
+    pub listen: String,
+}
+
+impl Default for AdminSection {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9090".into(),
+        }
+    }
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsSection {
+    /// Time allowed from accept to the end of the TLS handshake.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Time allowed to receive a complete request head once its first byte arrived
+    /// (for the first request: from the end of the handshake).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// How long an idle keep-alive connection waits for the next request.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// How long a write may wait for the client to read (slow-read defence).
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
+    /// Time allowed to receive a request body.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Largest request head (request line and headers) in bytes.
+    pub max_header_bytes: usize,
+    /// Longest request target in bytes.
+    pub max_uri_bytes: usize,
+    /// Most header fields in one request.
+    pub max_headers: usize,
+    /// Largest request body accepted (and discarded, for static files).
+    pub max_body_bytes: u64,
+    /// Open client connections over all listeners and workers.
+    pub max_connections: usize,
+    /// Open client connections from one source address.
+    pub max_connections_per_ip: usize,
+    /// Requests served on one connection before it is closed.
+    pub max_requests_per_connection: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            max_headers: 100,
+            max_body_bytes: 1024 * 1024,
+            max_connections: 20_000,
+            max_connections_per_ip: 512,
+            max_requests_per_connection: 10_000,
+        }
+    }
+}
+
+/// `[tls]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSection {
+    /// Protocol versions offered: any of "1.2", "1.3".
+    pub versions: Vec<String>,
+    /// Cipher suites in server preference order (IANA names); empty = all supported.
+    pub cipher_suites: Vec<String>,
+    /// Key-exchange groups in preference order; empty = all supported.
+    pub key_exchange_groups: Vec<String>,
+    /// What a client gets whose SNI matches no certificate (or who sends none):
+    /// "default" (the default certificate) or "reject" (alert unrecognized_name).
+    pub unknown_sni: String,
+    /// Entries in the TLS 1.2 session-ID cache; 0 disables it.
+    pub session_cache_size: usize,
+}
+
+impl Default for TlsSection {
+    fn default() -> Self {
+        Self {
+            versions: vec!["1.2".into(), "1.3".into()],
+            cipher_suites: Vec::new(),
+            key_exchange_groups: Vec::new(),
+            unknown_sni: "default".into(),
+            session_cache_size: 20_000,
+        }
+    }
+}
+
+/// `[access_log]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogSection {
+    /// "stdout", "off", or a file path (appended to).
+    pub target: String,
+    /// "combined" or "json".
+    pub format: String,
+}
+
+impl Default for AccessLogSection {
+    fn default() -> Self {
+        Self {
+            target: "stdout".into(),
+            format: "combined".into(),
+        }
+    }
+}
+
+/// `[[listener]]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerSection {
+    /// Socket addresses, e.g. ["0.0.0.0:443", "[::]:443"].
+    pub listen: Vec<String>,
+    /// Document root served by this listener.
+    pub root: Option<PathBuf>,
+    /// Files tried, in order, for a request that names a directory.
+    pub index: Option<Vec<String>>,
+    /// Serve files reached through symlinks that lead out of the root.
+    pub allow_symlinks_outside_root: bool,
+    /// Make a self-signed ECDSA P-256 certificate for localhost at start
+    /// when no `[[listener.certificate]]` is given.
+    pub self_signed: bool,
+    /// Certificates chosen by SNI.
+    #[serde(rename = "certificate")]
+    pub certificates: Vec<CertificateSection>,
+}
+
+/// `[[listener.certificate]]`
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct CertificateSection {
+    /// PEM file with the certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM file with the private key (PKCS#8, SEC1 or PKCS#1).
+    pub key: PathBuf,
+    /// Server names (exact or `*.example.com`); default: the certificate's DNS SANs.
+    pub names: Option<Vec<String>>,
+    /// Serve this certificate to clients whose SNI matches nothing.
+    pub default: bool,
+}

@@ -1,0 +1,257 @@
+//! Configuration of tlsgate: the TOML file ([`file`]), command-line
+//! overrides, and validation into the typed [`Config`] the server runs on.
+//!
+//! Parse once, validate once: everything the server reads from here is
+//! already checked, so a broken file stops the start (or a reload) with a
+//! [`ConfigError`] that names the file, the key and what was expected.
+//! Certificates and keys are only checked for existence here; their
+//! contents are parsed by `tlsgate-tls`, which reports errors under the
+//! same key names.
+#![forbid(unsafe_code)]
+
+pub mod file;
+mod validate;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use validate::{load, Overrides};
+
+/// A configuration problem: where, which key, and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, or `command line` for flags, or `built-in defaults`.
+    pub origin: String,
+    /// Dotted key path, e.g. `listener[0].certificate[1].key`.
+    pub key: String,
+    /// What was wrong and what was expected.
+    pub problem: String,
+}
+
+impl ConfigError {
+    /// Builds an error for `key` in `origin`.
+    pub fn new(origin: impl Into<String>, key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            origin: origin.into(),
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.origin, self.problem)
+        } else {
+            write!(f, "{}: key `{}`: {}", self.origin, self.key, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it came from (file path, or `built-in defaults`), for messages.
+    pub origin: String,
+    /// Worker threads (already resolved: never 0).
+    pub workers: usize,
+    /// `Server` header value, if any.
+    pub server_header: Option<String>,
+    /// Grace period for in-flight requests at shutdown.
+    pub shutdown_timeout: Duration,
+    /// Listen backlog.
+    pub backlog: u32,
+    /// Admin (metrics) listener address.
+    pub admin: Option<SocketAddr>,
+    /// Timeouts and size limits.
+    pub limits: Limits,
+    /// TLS protocol policy.
+    pub tls: TlsPolicy,
+    /// Access log destination and format.
+    pub access_log: AccessLog,
+    /// HTTPS listeners (at least one).
+    pub listeners: Vec<Listener>,
+}
+
+/// Timeouts and size limits (see [`file::LimitsSection`] for meanings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // Each field mirrors the documented file key of the same name.
+pub struct Limits {
+    pub handshake_timeout: Duration,
+    pub header_timeout: Duration,
+    pub keepalive_timeout: Duration,
+    pub send_timeout: Duration,
+    pub body_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+    pub max_headers: usize,
+    pub max_body_bytes: u64,
+    pub max_connections: usize,
+    pub max_connections_per_ip: usize,
+    pub max_requests_per_connection: u64,
+}
+
+/// A TLS protocol version tlsgate offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsVersion {
+    /// TLS 1.2
+    Tls12,
+    /// TLS 1.3
+    Tls13,
+}
+
+/// Cipher suites tlsgate supports (AEAD only; TLS 1.2 with ECDHE only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // IANA names say it all.
+pub enum CipherSuite {
+    Tls13Aes128GcmSha256,
+    Tls13Aes256GcmSha384,
+    Tls13Chacha20Poly1305Sha256,
+    EcdheEcdsaAes128GcmSha256,
+    EcdheEcdsaAes256GcmSha384,
+    EcdheEcdsaChacha20Poly1305Sha256,
+    EcdheRsaAes128GcmSha256,
+    EcdheRsaAes256GcmSha384,
+    EcdheRsaChacha20Poly1305Sha256,
+}
+
+impl CipherSuite {
+    /// Every suite with its IANA name, in tlsgate's default preference order.
+    pub const ALL: [(&'static str, CipherSuite); 9] = [
+        ("TLS13_AES_128_GCM_SHA256", Self::Tls13Aes128GcmSha256),
+        ("TLS13_AES_256_GCM_SHA384", Self::Tls13Aes256GcmSha384),
+        ("TLS13_CHACHA20_POLY1305_SHA256", Self::Tls13Chacha20Poly1305Sha256),
+        ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", Self::EcdheEcdsaAes128GcmSha256),
+        ("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", Self::EcdheEcdsaAes256GcmSha384),
+        ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", Self::EcdheEcdsaChacha20Poly1305Sha256),
+        ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", Self::EcdheRsaAes128GcmSha256),
+        ("TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", Self::EcdheRsaAes256GcmSha384),
+        ("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256", Self::EcdheRsaChacha20Poly1305Sha256),
+    ];
+}
+
+/// Key-exchange groups tlsgate supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // Names say it all.
+pub enum KxGroup {
+    X25519Mlkem768,
+    X25519,
+    Secp256r1,
+    Secp384r1,
+}
+
+impl KxGroup {
+    /// Every group with its IANA name, in tlsgate's default preference order.
+    pub const ALL: [(&'static str, KxGroup); 4] = [
+        ("X25519MLKEM768", Self::X25519Mlkem768),
+        ("X25519", Self::X25519),
+        ("secp256r1", Self::Secp256r1),
+        ("secp384r1", Self::Secp384r1),
+    ];
+}
+
+/// What to do with a ClientHello whose SNI matches no certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownSni {
+    /// Answer with the default certificate.
+    UseDefault,
+    /// Refuse with the `unrecognized_name` alert.
+    Reject,
+}
+
+/// TLS policy shared by all listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPolicy {
+    /// Versions offered (non-empty).
+    pub versions: Vec<TlsVersion>,
+    /// Suites in server preference order (non-empty).
+    pub cipher_suites: Vec<CipherSuite>,
+    /// Groups in server preference order (non-empty).
+    pub kx_groups: Vec<KxGroup>,
+    /// Unknown or missing SNI handling.
+    pub unknown_sni: UnknownSni,
+    /// TLS 1.2 session-ID cache entries.
+    pub session_cache_size: usize,
+}
+
+/// Where access log lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogTarget {
+    /// Standard output.
+    Stdout,
+    /// No access log.
+    Off,
+    /// Appended to this file.
+    File(PathBuf),
+}
+
+/// Access log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// NCSA combined log format.
+    Combined,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Access log settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessLog {
+    /// Destination.
+    pub target: LogTarget,
+    /// Line format.
+    pub format: LogFormat,
+}
+
+/// Certificate files for one listener entry, with the key path used in errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertificateFiles {
+    /// Config key of this entry, e.g. `listener[0].certificate[1]`.
+    pub key_path: String,
+    /// Chain PEM.
+    pub cert: PathBuf,
+    /// Private key PEM.
+    pub key: PathBuf,
+    /// Explicit names, or `None` to take the certificate's DNS SANs.
+    pub names: Option<Vec<String>>,
+    /// Chosen for unknown SNI.
+    pub default: bool,
+}
+
+/// Where a listener's certificates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Certificates {
+    /// Generated at start for localhost, 127.0.0.1 and ::1.
+    SelfSigned,
+    /// Loaded from files.
+    Files(Vec<CertificateFiles>),
+}
+
+/// One HTTPS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// Config key, e.g. `listener[0]`, for messages.
+    pub key_path: String,
+    /// Addresses (port 0 = any free port, the same for every worker).
+    pub addrs: Vec<SocketAddr>,
+    /// Document root (an existing directory).
+    pub root: PathBuf,
+    /// Index file names.
+    pub index: Vec<String>,
+    /// Serve symlinks that lead out of the root.
+    pub allow_symlinks_outside_root: bool,
+    /// Certificates.
+    pub certificates: Certificates,
+}
+
+/// Reads a config file's text, for messages that need it.
+pub fn read_file(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::new(path.display().to_string(), "", format!("cannot read the file: {e}"))
+    })
+}

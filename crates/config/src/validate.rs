@@ -1,0 +1,579 @@
+//! From [`ConfigFile`] (plus command-line overrides) to [`Config`].
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::file::{CertificateSection, ConfigFile, ListenerSection};
+use crate::{
+    AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KxGroup, Limits,
+    Listener, LogFormat, LogTarget, TlsPolicy, TlsVersion, UnknownSni,
+};
+
+const FLAGS: &str = "command line";
+const BUILTIN: &str = "built-in defaults";
+
+/// Command-line flags that override the file (or the built-in defaults).
+///
+/// `listen`, `root`, `cert` and `key` apply to the first listener; when the
+/// file has none, they create it.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--listen` (repeatable): replaces the first listener's addresses.
+    pub listen: Vec<String>,
+    /// `--root`: the first listener's document root.
+    pub root: Option<PathBuf>,
+    /// `--cert`: certificate chain PEM for the first listener (with `--key`).
+    pub cert: Option<PathBuf>,
+    /// `--key`: private key PEM for the first listener (with `--cert`).
+    pub key: Option<PathBuf>,
+    /// `--admin`: admin listener address ("" disables).
+    pub admin: Option<String>,
+    /// `--workers`: worker threads.
+    pub workers: Option<usize>,
+}
+
+/// Loads and validates the configuration.
+///
+/// `path` is the config file, or `None` for the built-in defaults: one
+/// listener on 127.0.0.1:8443 serving `default_root` with a self-signed
+/// certificate.
+pub fn load(
+    path: Option<&Path>,
+    overrides: &Overrides,
+    default_root: &Path,
+) -> Result<Config, ConfigError> {
+    let (origin, base_dir, mut file) = match path {
+        Some(p) => {
+            let origin = p.display().to_string();
+            let text = crate::read_file(p)?;
+            let file = parse_toml(&origin, &text)?;
+            let base = p.parent().map(Path::to_path_buf).unwrap_or_default();
+            (origin, base, file)
+        }
+        None => {
+            let mut file = ConfigFile::default();
+            file.listeners.push(ListenerSection {
+                listen: vec!["127.0.0.1:8443".into()],
+                root: Some(default_root.to_path_buf()),
+                self_signed: true,
+                ..ListenerSection::default()
+            });
+            (BUILTIN.to_string(), PathBuf::new(), file)
+        }
+    };
+    // Paths in the file are relative to the file; resolve them now so that
+    // flag paths (relative to the working directory) are not mixed up.
+    for l in &mut file.listeners {
+        if let Some(root) = &mut l.root {
+            *root = base_dir.join(&*root);
+        }
+        for c in &mut l.certificates {
+            c.cert = base_dir.join(&c.cert);
+            c.key = base_dir.join(&c.key);
+        }
+    }
+    if !file.access_log.target.is_empty()
+        && !matches!(file.access_log.target.as_str(), "stdout" | "off")
+    {
+        file.access_log.target = base_dir
+            .join(&file.access_log.target)
+            .display()
+            .to_string();
+    }
+    apply_overrides(&mut file, overrides)?;
+    validate(&origin, file)
+}
+
+/// Parses TOML text, reporting the key path and line of the first problem.
+pub(crate) fn parse_toml(origin: &str, text: &str) -> Result<ConfigFile, ConfigError> {
+    let de = toml::Deserializer::new(text);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner();
+        let at = inner
+            .span()
+            .map(|s| {
+                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                format!(" (line {line})")
+            })
+            .unwrap_or_default();
+        let key = if key == "." { String::new() } else { key };
+        ConfigError::new(origin, key, format!("{}{at}", inner.message().trim()))
+    })
+}
+
+fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigError> {
+    if o.cert.is_some() != o.key.is_some() {
+        return Err(ConfigError::new(
+            FLAGS,
+            if o.cert.is_some() { "--key" } else { "--cert" },
+            "--cert and --key must be given together",
+        ));
+    }
+    let touches_listener = !o.listen.is_empty() || o.root.is_some() || o.cert.is_some();
+    if touches_listener && file.listeners.is_empty() {
+        file.listeners.push(ListenerSection {
+            listen: vec!["127.0.0.1:8443".into()],
+            self_signed: true,
+            ..ListenerSection::default()
+        });
+    }
+    if let Some(first) = file.listeners.first_mut() {
+        if !o.listen.is_empty() {
+            first.listen = o.listen.clone();
+        }
+        if let Some(root) = &o.root {
+            first.root = Some(root.clone());
+        }
+        if let (Some(cert), Some(key)) = (&o.cert, &o.key) {
+            first.certificates = vec![CertificateSection {
+                cert: cert.clone(),
+                key: key.clone(),
+                names: None,
+                default: true,
+            }];
+            first.self_signed = false;
+        }
+    }
+    if let Some(admin) = &o.admin {
+        file.admin.listen = admin.clone();
+    }
+    if let Some(w) = o.workers {
+        if w == 0 {
+            return Err(ConfigError::new(FLAGS, "--workers", "expected a number of at least 1"));
+        }
+        file.server.workers = w;
+    }
+    Ok(())
+}
+
+struct Checker<'a> {
+    origin: &'a str,
+}
+
+impl Checker<'_> {
+    fn err(&self, key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+        ConfigError::new(self.origin, key, problem)
+    }
+
+    fn positive(&self, key: &str, d: Duration) -> Result<Duration, ConfigError> {
+        if d.is_zero() {
+            Err(self.err(key, "expected a duration greater than zero, e.g. \"10s\""))
+        } else {
+            Ok(d)
+        }
+    }
+
+    fn within<T: PartialOrd + std::fmt::Display + Copy>(
+        &self,
+        key: &str,
+        v: T,
+        lo: T,
+        hi: T,
+    ) -> Result<T, ConfigError> {
+        if v < lo || v > hi {
+            Err(self.err(key, format!("expected a number from {lo} to {hi}, found {v}")))
+        } else {
+            Ok(v)
+        }
+    }
+
+    fn addr(&self, key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+        s.parse().map_err(|_| {
+            self.err(
+                key,
+                format!("expected a socket address like \"127.0.0.1:8443\" or \"[::]:443\", found {s:?}"),
+            )
+        })
+    }
+}
+
+fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
+    let c = Checker { origin };
+    let workers = match f.server.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => c.within("server.workers", n, 1, 1024)?,
+    };
+    let backlog = c.within("server.backlog", f.server.backlog, 1, 65535)?;
+    let admin = match f.admin.listen.trim() {
+        "" => None,
+        s => Some(c.addr("admin.listen", s)?),
+    };
+
+    let l = &f.limits;
+    let max_header_bytes = c.within("limits.max_header_bytes", l.max_header_bytes, 1024, 1 << 20)?;
+    let limits = Limits {
+        handshake_timeout: c.positive("limits.handshake_timeout", l.handshake_timeout)?,
+        header_timeout: c.positive("limits.header_timeout", l.header_timeout)?,
+        keepalive_timeout: c.positive("limits.keepalive_timeout", l.keepalive_timeout)?,
+        send_timeout: c.positive("limits.send_timeout", l.send_timeout)?,
+        body_timeout: c.positive("limits.body_timeout", l.body_timeout)?,
+        max_header_bytes,
+        max_uri_bytes: c.within("limits.max_uri_bytes", l.max_uri_bytes, 64, max_header_bytes)?,
+        max_headers: c.within("limits.max_headers", l.max_headers, 1, 10_000)?,
+        max_body_bytes: l.max_body_bytes,
+        max_connections: c.within("limits.max_connections", l.max_connections, 1, 10_000_000)?,
+        max_connections_per_ip: c.within(
+            "limits.max_connections_per_ip",
+            l.max_connections_per_ip,
+            1,
+            10_000_000,
+        )?,
+        max_requests_per_connection: c.within(
+            "limits.max_requests_per_connection",
+            l.max_requests_per_connection,
+            1,
+            u64::MAX,
+        )?,
+    };
+
+    let tls = validate_tls(&c, &f)?;
+    let access_log = AccessLog {
+        target: match f.access_log.target.as_str() {
+            "stdout" => LogTarget::Stdout,
+            "off" | "" => LogTarget::Off,
+            p => LogTarget::File(PathBuf::from(p)),
+        },
+        format: match f.access_log.format.as_str() {
+            "combined" => LogFormat::Combined,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(c.err(
+                    "access_log.format",
+                    format!("expected \"combined\" or \"json\", found {other:?}"),
+                ))
+            }
+        },
+    };
+
+    if f.listeners.is_empty() {
+        return Err(c.err(
+            "listener",
+            "expected at least one [[listener]] table (or --listen on the command line)",
+        ));
+    }
+    let mut listeners = Vec::with_capacity(f.listeners.len());
+    let mut seen = Vec::new();
+    for (i, ls) in f.listeners.iter().enumerate() {
+        let listener = validate_listener(&c, i, ls, tls.unknown_sni)?;
+        for a in &listener.addrs {
+            if a.port() != 0 && seen.contains(a) {
+                return Err(c.err(
+                    format!("listener[{i}].listen"),
+                    format!("address {a} is used by more than one listener"),
+                ));
+            }
+            seen.push(*a);
+        }
+        listeners.push(listener);
+    }
+
+    Ok(Config {
+        origin: origin.to_string(),
+        workers,
+        server_header: Some(f.server.server_header.clone()).filter(|s| !s.is_empty()),
+        shutdown_timeout: c.positive("server.shutdown_timeout", f.server.shutdown_timeout)?,
+        backlog,
+        admin,
+        limits,
+        tls,
+        access_log,
+        listeners,
+    })
+}
+
+fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigError> {
+    let t = &f.tls;
+    let mut versions = Vec::new();
+    for v in &t.versions {
+        let parsed = match v.as_str() {
+            "1.2" => TlsVersion::Tls12,
+            "1.3" => TlsVersion::Tls13,
+            other => {
+                return Err(c.err(
+                    "tls.versions",
+                    format!("expected \"1.2\" and/or \"1.3\", found {other:?}"),
+                ))
+            }
+        };
+        if !versions.contains(&parsed) {
+            versions.push(parsed);
+        }
+    }
+    if versions.is_empty() {
+        return Err(c.err("tls.versions", "expected at least one of \"1.2\", \"1.3\""));
+    }
+    let cipher_suites = pick_named(c, "tls.cipher_suites", &t.cipher_suites, &CipherSuite::ALL)?;
+    let kx_groups = pick_named(c, "tls.key_exchange_groups", &t.key_exchange_groups, &KxGroup::ALL)?;
+    let is_tls13 = |s: &&CipherSuite| {
+        matches!(
+            s,
+            CipherSuite::Tls13Aes128GcmSha256
+                | CipherSuite::Tls13Aes256GcmSha384
+                | CipherSuite::Tls13Chacha20Poly1305Sha256
+        )
+    };
+    let has_13 = cipher_suites.iter().any(|s| is_tls13(&s));
+    if versions.contains(&TlsVersion::Tls13) && !has_13 {
+        return Err(c.err("tls.cipher_suites", "TLS 1.3 is enabled but no TLS13_* suite is listed"));
+    }
+    let has_12 = cipher_suites.len() > cipher_suites.iter().filter(|s| is_tls13(s)).count();
+    if versions.contains(&TlsVersion::Tls12) && !has_12 {
+        return Err(c.err("tls.cipher_suites", "TLS 1.2 is enabled but no TLS_ECDHE_* suite is listed"));
+    }
+    let unknown_sni = match t.unknown_sni.as_str() {
+        "default" => UnknownSni::UseDefault,
+        "reject" => UnknownSni::Reject,
+        other => {
+            return Err(c.err(
+                "tls.unknown_sni",
+                format!("expected \"default\" or \"reject\", found {other:?}"),
+            ))
+        }
+    };
+    Ok(TlsPolicy {
+        versions,
+        cipher_suites,
+        kx_groups,
+        unknown_sni,
+        session_cache_size: c.within("tls.session_cache_size", t.session_cache_size, 0, 10_000_000)?,
+    })
+}
+
+/// Maps names to values from `table`, keeping order; empty means all.
+fn pick_named<T: Copy + PartialEq>(
+    c: &Checker<'_>,
+    key: &str,
+    names: &[String],
+    table: &[(&'static str, T)],
+) -> Result<Vec<T>, ConfigError> {
+    if names.is_empty() {
+        return Ok(table.iter().map(|(_, v)| *v).collect());
+    }
+    let mut out = Vec::new();
+    for n in names {
+        let Some((_, v)) = table.iter().find(|(name, _)| name.eq_ignore_ascii_case(n)) else {
+            let known: Vec<&str> = table.iter().map(|(name, _)| *name).collect();
+            return Err(c.err(key, format!("unknown name {n:?}; expected any of {}", known.join(", "))));
+        };
+        if !out.contains(v) {
+            out.push(*v);
+        }
+    }
+    Ok(out)
+}
+
+fn validate_listener(
+    c: &Checker<'_>,
+    i: usize,
+    ls: &ListenerSection,
+    unknown_sni: UnknownSni,
+) -> Result<Listener, ConfigError> {
+    let key_path = format!("listener[{i}]");
+    if ls.listen.is_empty() {
+        return Err(c.err(format!("{key_path}.listen"), "expected at least one address"));
+    }
+    let addrs = ls
+        .listen
+        .iter()
+        .map(|a| c.addr(&format!("{key_path}.listen"), a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let root = ls
+        .root
+        .clone()
+        .ok_or_else(|| c.err(format!("{key_path}.root"), "expected a document root directory"))?;
+    if !root.is_dir() {
+        return Err(c.err(
+            format!("{key_path}.root"),
+            format!("expected an existing directory, found {}", root.display()),
+        ));
+    }
+    let index = ls.index.clone().unwrap_or_else(|| vec!["index.html".into()]);
+    for name in &index {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(c.err(
+                format!("{key_path}.index"),
+                format!("expected plain file names, found {name:?}"),
+            ));
+        }
+    }
+    let certificates = if ls.certificates.is_empty() {
+        if !ls.self_signed {
+            return Err(c.err(
+                format!("{key_path}.certificate"),
+                "expected at least one [[listener.certificate]] (or self_signed = true)",
+            ));
+        }
+        Certificates::SelfSigned
+    } else {
+        let mut files = Vec::new();
+        let defaults = ls.certificates.iter().filter(|c| c.default).count();
+        if defaults > 1 {
+            return Err(c.err(
+                format!("{key_path}.certificate"),
+                "more than one certificate has default = true; expected at most one",
+            ));
+        }
+        for (j, cs) in ls.certificates.iter().enumerate() {
+            let ck = format!("{key_path}.certificate[{j}]");
+            for (what, p) in [("cert", &cs.cert), ("key", &cs.key)] {
+                if p.as_os_str().is_empty() || !p.is_file() {
+                    return Err(c.err(
+                        format!("{ck}.{what}"),
+                        format!("expected a readable PEM file, found {:?}", p.display().to_string()),
+                    ));
+                }
+            }
+            if let Some(names) = &cs.names {
+                for n in names {
+                    check_server_name(n).map_err(|why| c.err(format!("{ck}.names"), why))?;
+                }
+            }
+            // With no explicit default, the first certificate is the default
+            // (only matters when unknown_sni = "default").
+            let default = cs.default || (defaults == 0 && j == 0 && unknown_sni == UnknownSni::UseDefault);
+            files.push(CertificateFiles {
+                key_path: ck,
+                cert: cs.cert.clone(),
+                key: cs.key.clone(),
+                names: cs.names.clone(),
+                default,
+            });
+        }
+        Certificates::Files(files)
+    };
+    Ok(Listener {
+        key_path,
+        addrs,
+        root,
+        index,
+        allow_symlinks_outside_root: ls.allow_symlinks_outside_root,
+        certificates,
+    })
+}
+
+/// A DNS name or a wildcard of one leftmost label (`*.example.com`).
+fn check_server_name(n: &str) -> Result<(), String> {
+    let bare = n.strip_prefix("*.").unwrap_or(n);
+    let ok = !bare.is_empty()
+        && bare.len() <= 253
+        && bare.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected DNS names like \"example.com\" or \"*.example.com\", found {n:?}"
+        ))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn load_text(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("site")).unwrap();
+        std::fs::write(dir.path().join("c.pem"), "x").unwrap();
+        std::fs::write(dir.path().join("k.pem"), "x").unwrap();
+        let p = dir.path().join("tlsgate.toml");
+        std::fs::write(&p, text).unwrap();
+        load(Some(&p), &Overrides::default(), Path::new("/nonexistent"))
+    }
+
+    const GOOD: &str = r#"
+[server]
+workers = 2
+[limits]
+header_timeout = "5s"
+[[listener]]
+listen = ["127.0.0.1:8443", "[::1]:8443"]
+root = "site"
+[[listener.certificate]]
+cert = "c.pem"
+key = "k.pem"
+names = ["example.com", "*.example.com"]
+"#;
+
+    #[test]
+    fn good_file_is_accepted_and_paths_are_relative_to_it() {
+        let c = load_text(GOOD).unwrap();
+        assert_eq!(c.workers, 2);
+        assert_eq!(c.limits.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.listeners[0].addrs.len(), 2);
+        assert!(c.listeners[0].root.ends_with("site"));
+        assert!(c.listeners[0].root.is_absolute());
+        let Certificates::Files(f) = &c.listeners[0].certificates else { panic!() };
+        assert!(f[0].default, "first certificate is the default");
+        assert_eq!(c.tls.cipher_suites.len(), 9);
+    }
+
+    #[test]
+    fn builtin_defaults_are_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = load(None, &Overrides::default(), dir.path()).unwrap();
+        assert_eq!(c.listeners[0].addrs[0], "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(c.listeners[0].certificates, Certificates::SelfSigned);
+        assert_eq!(c.admin, Some("127.0.0.1:9090".parse().unwrap()));
+        assert_eq!(c.origin, BUILTIN);
+    }
+
+    #[test]
+    fn errors_name_file_key_and_expectation() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("[limits]\nheader_timeout = 5\n", "limits.header_timeout", "duration"),
+            ("[limits]\nheader_timeout = \"0s\"\n", "limits.header_timeout", "greater than zero"),
+            ("[server]\nworkerz = 1\n", "server.workerz", "unknown field"),
+            ("[tls]\nversions = [\"1.1\"]\n", "tls.versions", "\"1.2\""),
+            ("[tls]\nunknown_sni = \"maybe\"\n", "tls.unknown_sni", "reject"),
+            ("[tls]\ncipher_suites = [\"RC4\"]\n", "tls.cipher_suites", "unknown name"),
+            ("[admin]\nlisten = \"nowhere\"\n", "admin.listen", "socket address"),
+            ("[access_log]\nformat = \"xml\"\n", "access_log.format", "json"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"missing\"\nself_signed = true\n", "listener[0].root", "existing directory"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n", "listener[0].certificate", "at least one"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"nope.pem\"\nkey = \"k.pem\"\n", "listener[0].certificate[0].cert", "PEM file"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"bad name\"]\n", "listener[0].certificate[0].names", "DNS names"),
+            ("", "listener", "at least one"),
+            ("[limits\n", "", "line 1"),
+        ];
+        for (text, key, needle) in cases {
+            let e = load_text(text).unwrap_err();
+            assert!(e.origin.ends_with("tlsgate.toml"), "{e}");
+            assert_eq!(&e.key, key, "{text:?} gave {e}");
+            assert!(e.to_string().contains(needle), "{text:?} gave {e}, wanted {needle:?}");
+        }
+    }
+
+    #[test]
+    fn flags_override_the_first_listener() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = Overrides {
+            listen: vec!["127.0.0.1:0".into()],
+            admin: Some(String::new()),
+            workers: Some(3),
+            ..Overrides::default()
+        };
+        let c = load(None, &o, dir.path()).unwrap();
+        assert_eq!(c.listeners[0].addrs[0].port(), 0);
+        assert_eq!(c.admin, None);
+        assert_eq!(c.workers, 3);
+        let half = Overrides { cert: Some("x".into()), ..Overrides::default() };
+        let e = load(None, &half, dir.path()).unwrap_err();
+        assert_eq!(e.key, "--key");
+    }
+
+    #[test]
+    fn wildcard_names() {
+        assert!(check_server_name("*.example.com").is_ok());
+        assert!(check_server_name("a-b.example").is_ok());
+        assert!(check_server_name("*.*.example.com").is_err());
+        assert!(check_server_name("ex ample.com").is_err());
+        assert!(check_server_name("").is_err());
+    }
+}

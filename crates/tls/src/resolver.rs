@@ -1,0 +1,158 @@
+//! Certificate choice by SNI: exact names, one-label wildcards, and per
+//! name an ECDSA certificate preferred over RSA when the client can verify it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{SignatureAlgorithm, SignatureScheme};
+use tlsgate_config::UnknownSni;
+
+use crate::certs::LoadedCert;
+
+/// The certificates that answer for one name: ECDSA first, then the rest
+/// (RSA, Ed25519) in configuration order.
+#[derive(Debug, Default, Clone)]
+pub struct NameSlot {
+    ecdsa: Option<Arc<CertifiedKey>>,
+    others: Vec<Arc<CertifiedKey>>,
+}
+
+impl NameSlot {
+    fn add(&mut self, ck: &Arc<CertifiedKey>) {
+        if ck.key.algorithm() == SignatureAlgorithm::ECDSA && self.ecdsa.is_none() {
+            self.ecdsa = Some(ck.clone());
+        } else {
+            self.others.push(ck.clone());
+        }
+    }
+
+    /// The first certificate whose key can sign with a scheme the client offered.
+    pub fn choose(&self, offered: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.ecdsa
+            .iter()
+            .chain(self.others.iter())
+            .find(|ck| ck.key.choose_scheme(offered).is_some())
+            .cloned()
+    }
+}
+
+/// All certificates of a listener, indexed by server name.
+#[derive(Debug)]
+pub struct CertStore {
+    exact: HashMap<String, NameSlot>,
+    /// Keyed by the part after `*.`.
+    wildcard: HashMap<String, NameSlot>,
+    default: Option<NameSlot>,
+}
+
+impl CertStore {
+    /// Indexes `certs`; with `UnknownSni::Reject` no default is kept.
+    pub fn new(certs: &[LoadedCert], unknown_sni: UnknownSni) -> Self {
+        let mut exact: HashMap<String, NameSlot> = HashMap::new();
+        let mut wildcard: HashMap<String, NameSlot> = HashMap::new();
+        let mut default: Option<NameSlot> = None;
+        for c in certs {
+            for name in &c.names {
+                match name.strip_prefix("*.") {
+                    Some(suffix) => wildcard.entry(suffix.to_string()).or_default().add(&c.certified),
+                    None => exact.entry(name.clone()).or_default().add(&c.certified),
+                }
+            }
+            if c.default && unknown_sni == UnknownSni::UseDefault {
+                // The default may have an RSA twin under the same names.
+                let mut slot = NameSlot::default();
+                slot.add(&c.certified);
+                for other in certs.iter().filter(|o| !o.default && o.names == c.names) {
+                    slot.add(&other.certified);
+                }
+                default = Some(slot);
+            }
+        }
+        Self {
+            exact,
+            wildcard,
+            default,
+        }
+    }
+
+    /// The slot for a client's SNI, or `None` when the client must be refused.
+    pub fn lookup(&self, sni: Option<&str>) -> Option<&NameSlot> {
+        let found = sni.and_then(|name| {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            self.exact.get(&name).or_else(|| {
+                let (_, parent) = name.split_once('.')?;
+                self.wildcard.get(parent)
+            })
+        });
+        found.or(self.default.as_ref())
+    }
+}
+
+impl ResolvesServerCert for CertStore {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.lookup(hello.server_name())?
+            .choose(hello.signature_schemes())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rustls::crypto::aws_lc_rs::sign::any_supported_type;
+    use rustls_pki_types::PrivateKeyDer;
+
+    fn cert(alg: &'static rcgen::SignatureAlgorithm, names: &[&str], default: bool) -> LoadedCert {
+        let key = rcgen::KeyPair::generate_for(alg).unwrap();
+        let params = rcgen::CertificateParams::new(vec!["x.test".to_string()]).unwrap();
+        let c = params.self_signed(&key).unwrap();
+        let der = PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        LoadedCert {
+            certified: Arc::new(CertifiedKey::new(vec![c.der().clone()], any_supported_type(&der).unwrap())),
+            names: names.iter().map(|s| s.to_string()).collect(),
+            default,
+        }
+    }
+
+    const ECDSA_AND_RSA: &[SignatureScheme] = &[
+        SignatureScheme::ECDSA_NISTP256_SHA256,
+        SignatureScheme::RSA_PSS_SHA256,
+    ];
+    const RSA_ONLY: &[SignatureScheme] = &[SignatureScheme::RSA_PSS_SHA256];
+
+    #[test]
+    fn exact_then_wildcard_then_default() {
+        let a = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
+        let w = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["*.example"], false);
+        let store = CertStore::new(&[a.clone(), w.clone()], UnknownSni::UseDefault);
+        let pick = |sni| store.lookup(sni).unwrap().choose(ECDSA_AND_RSA).unwrap();
+        assert!(Arc::ptr_eq(&pick(Some("a.example")), &a.certified));
+        assert!(Arc::ptr_eq(&pick(Some("A.Example.")), &a.certified));
+        assert!(Arc::ptr_eq(&pick(Some("b.example")), &w.certified));
+        // A wildcard covers exactly one label.
+        assert!(Arc::ptr_eq(&pick(Some("c.b.example")), &a.certified));
+        assert!(Arc::ptr_eq(&pick(Some("example")), &a.certified));
+        assert!(Arc::ptr_eq(&pick(None), &a.certified));
+
+        let strict = CertStore::new(&[a, w], UnknownSni::Reject);
+        assert!(strict.lookup(Some("other.test")).is_none());
+        assert!(strict.lookup(None).is_none());
+        assert!(strict.lookup(Some("b.example")).is_some());
+    }
+
+    #[test]
+    fn ecdsa_preferred_rsa_when_client_cannot_verify_ecdsa() {
+        let e = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
+        let r = cert(&rcgen::PKCS_RSA_SHA256, &["a.example"], false);
+        let store = CertStore::new(&[r.clone(), e.clone()], UnknownSni::UseDefault);
+        let slot = store.lookup(Some("a.example")).unwrap();
+        assert!(Arc::ptr_eq(&slot.choose(ECDSA_AND_RSA).unwrap(), &e.certified));
+        assert!(Arc::ptr_eq(&slot.choose(RSA_ONLY).unwrap(), &r.certified));
+        assert!(slot.choose(&[SignatureScheme::ED25519]).is_none());
+        // The default keeps its RSA twin too.
+        let d = store.lookup(None).unwrap();
+        assert!(Arc::ptr_eq(&d.choose(RSA_ONLY).unwrap(), &r.certified));
+    }
+}
