@@ -32,7 +32,11 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// Builds an error for `key` in `origin`.
-    pub fn new(origin: impl Into<String>, key: impl Into<String>, problem: impl Into<String>) -> Self {
+    pub fn new(
+        origin: impl Into<String>,
+        key: impl Into<String>,
+        problem: impl Into<String>,
+    ) -> Self {
         Self {
             origin: origin.into(),
             key: key.into(),
@@ -125,13 +129,34 @@ impl CipherSuite {
     pub const ALL: [(&'static str, CipherSuite); 9] = [
         ("TLS13_AES_128_GCM_SHA256", Self::Tls13Aes128GcmSha256),
         ("TLS13_AES_256_GCM_SHA384", Self::Tls13Aes256GcmSha384),
-        ("TLS13_CHACHA20_POLY1305_SHA256", Self::Tls13Chacha20Poly1305Sha256),
-        ("TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", Self::EcdheEcdsaAes128GcmSha256),
-        ("TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", Self::EcdheEcdsaAes256GcmSha384),
-        ("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", Self::EcdheEcdsaChacha20Poly1305Sha256),
-        ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", Self::EcdheRsaAes128GcmSha256),
-        ("TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384", Self::EcdheRsaAes256GcmSha384),
-        ("TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256", Self::EcdheRsaChacha20Poly1305Sha256),
+        (
+            "TLS13_CHACHA20_POLY1305_SHA256",
+            Self::Tls13Chacha20Poly1305Sha256,
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+            Self::EcdheEcdsaAes128GcmSha256,
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+            Self::EcdheEcdsaAes256GcmSha384,
+        ),
+        (
+            "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+            Self::EcdheEcdsaChacha20Poly1305Sha256,
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+            Self::EcdheRsaAes128GcmSha256,
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+            Self::EcdheRsaAes256GcmSha384,
+        ),
+        (
+            "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+            Self::EcdheRsaChacha20Poly1305Sha256,
+        ),
     ];
 }
 
@@ -252,6 +277,10 @@ pub struct Listener {
 /// Reads a config file's text, for messages that need it.
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::new(path.display().to_string(), "", format!("cannot read the file: {e}"))
+        ConfigError::new(
+            path.display().to_string(),
+            "",
+            format!("cannot read the file: {e}"),
+        )
     })
 }

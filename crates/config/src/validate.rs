@@ -76,10 +76,7 @@ pub fn load(
     if !file.access_log.target.is_empty()
         && !matches!(file.access_log.target.as_str(), "stdout" | "off")
     {
-        file.access_log.target = base_dir
-            .join(&file.access_log.target)
-            .display()
-            .to_string();
+        file.access_log.target = base_dir.join(&file.access_log.target).display().to_string();
     }
     apply_overrides(&mut file, overrides)?;
     validate(&origin, file)
@@ -141,7 +138,11 @@ fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigErr
     }
     if let Some(w) = o.workers {
         if w == 0 {
-            return Err(ConfigError::new(FLAGS, "--workers", "expected a number of at least 1"));
+            return Err(ConfigError::new(
+                FLAGS,
+                "--workers",
+                "expected a number of at least 1",
+            ));
         }
         file.server.workers = w;
     }
@@ -173,7 +174,10 @@ impl Checker<'_> {
         hi: T,
     ) -> Result<T, ConfigError> {
         if v < lo || v > hi {
-            Err(self.err(key, format!("expected a number from {lo} to {hi}, found {v}")))
+            Err(self.err(
+                key,
+                format!("expected a number from {lo} to {hi}, found {v}"),
+            ))
         } else {
             Ok(v)
         }
@@ -202,7 +206,8 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
     };
 
     let l = &f.limits;
-    let max_header_bytes = c.within("limits.max_header_bytes", l.max_header_bytes, 1024, 1 << 20)?;
+    let max_header_bytes =
+        c.within("limits.max_header_bytes", l.max_header_bytes, 1024, 1 << 20)?;
     let limits = Limits {
         handshake_timeout: c.positive("limits.handshake_timeout", l.handshake_timeout)?,
         header_timeout: c.positive("limits.header_timeout", l.header_timeout)?,
@@ -210,7 +215,12 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         send_timeout: c.positive("limits.send_timeout", l.send_timeout)?,
         body_timeout: c.positive("limits.body_timeout", l.body_timeout)?,
         max_header_bytes,
-        max_uri_bytes: c.within("limits.max_uri_bytes", l.max_uri_bytes, 64, max_header_bytes)?,
+        max_uri_bytes: c.within(
+            "limits.max_uri_bytes",
+            l.max_uri_bytes,
+            64,
+            max_header_bytes,
+        )?,
         max_headers: c.within("limits.max_headers", l.max_headers, 1, 10_000)?,
         max_body_bytes: l.max_body_bytes,
         max_connections: c.within("limits.max_connections", l.max_connections, 1, 10_000_000)?,
@@ -305,7 +315,12 @@ fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigErro
         return Err(c.err("tls.versions", "expected at least one of \"1.2\", \"1.3\""));
     }
     let cipher_suites = pick_named(c, "tls.cipher_suites", &t.cipher_suites, &CipherSuite::ALL)?;
-    let kx_groups = pick_named(c, "tls.key_exchange_groups", &t.key_exchange_groups, &KxGroup::ALL)?;
+    let kx_groups = pick_named(
+        c,
+        "tls.key_exchange_groups",
+        &t.key_exchange_groups,
+        &KxGroup::ALL,
+    )?;
     let is_tls13 = |s: &&CipherSuite| {
         matches!(
             s,
@@ -316,11 +331,17 @@ fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigErro
     };
     let has_13 = cipher_suites.iter().any(|s| is_tls13(&s));
     if versions.contains(&TlsVersion::Tls13) && !has_13 {
-        return Err(c.err("tls.cipher_suites", "TLS 1.3 is enabled but no TLS13_* suite is listed"));
+        return Err(c.err(
+            "tls.cipher_suites",
+            "TLS 1.3 is enabled but no TLS13_* suite is listed",
+        ));
     }
     let has_12 = cipher_suites.len() > cipher_suites.iter().filter(|s| is_tls13(s)).count();
     if versions.contains(&TlsVersion::Tls12) && !has_12 {
-        return Err(c.err("tls.cipher_suites", "TLS 1.2 is enabled but no TLS_ECDHE_* suite is listed"));
+        return Err(c.err(
+            "tls.cipher_suites",
+            "TLS 1.2 is enabled but no TLS_ECDHE_* suite is listed",
+        ));
     }
     let unknown_sni = match t.unknown_sni.as_str() {
         "default" => UnknownSni::UseDefault,
@@ -337,7 +358,12 @@ fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigErro
         cipher_suites,
         kx_groups,
         unknown_sni,
-        session_cache_size: c.within("tls.session_cache_size", t.session_cache_size, 0, 10_000_000)?,
+        session_cache_size: c.within(
+            "tls.session_cache_size",
+            t.session_cache_size,
+            0,
+            10_000_000,
+        )?,
     })
 }
 
@@ -355,7 +381,10 @@ fn pick_named<T: Copy + PartialEq>(
     for n in names {
         let Some((_, v)) = table.iter().find(|(name, _)| name.eq_ignore_ascii_case(n)) else {
             let known: Vec<&str> = table.iter().map(|(name, _)| *name).collect();
-            return Err(c.err(key, format!("unknown name {n:?}; expected any of {}", known.join(", "))));
+            return Err(c.err(
+                key,
+                format!("unknown name {n:?}; expected any of {}", known.join(", ")),
+            ));
         };
         if !out.contains(v) {
             out.push(*v);
@@ -372,24 +401,32 @@ fn validate_listener(
 ) -> Result<Listener, ConfigError> {
     let key_path = format!("listener[{i}]");
     if ls.listen.is_empty() {
-        return Err(c.err(format!("{key_path}.listen"), "expected at least one address"));
+        return Err(c.err(
+            format!("{key_path}.listen"),
+            "expected at least one address",
+        ));
     }
     let addrs = ls
         .listen
         .iter()
         .map(|a| c.addr(&format!("{key_path}.listen"), a))
         .collect::<Result<Vec<_>, _>>()?;
-    let root = ls
-        .root
-        .clone()
-        .ok_or_else(|| c.err(format!("{key_path}.root"), "expected a document root directory"))?;
+    let root = ls.root.clone().ok_or_else(|| {
+        c.err(
+            format!("{key_path}.root"),
+            "expected a document root directory",
+        )
+    })?;
     if !root.is_dir() {
         return Err(c.err(
             format!("{key_path}.root"),
             format!("expected an existing directory, found {}", root.display()),
         ));
     }
-    let index = ls.index.clone().unwrap_or_else(|| vec!["index.html".into()]);
+    let index = ls
+        .index
+        .clone()
+        .unwrap_or_else(|| vec!["index.html".into()]);
     for name in &index {
         if name.is_empty() || name.contains('/') || name == "." || name == ".." {
             return Err(c.err(
@@ -421,7 +458,10 @@ fn validate_listener(
                 if p.as_os_str().is_empty() || !p.is_file() {
                     return Err(c.err(
                         format!("{ck}.{what}"),
-                        format!("expected a readable PEM file, found {:?}", p.display().to_string()),
+                        format!(
+                            "expected a readable PEM file, found {:?}",
+                            p.display().to_string()
+                        ),
                     ));
                 }
             }
@@ -432,7 +472,8 @@ fn validate_listener(
             }
             // With no explicit default, the first certificate is the default
             // (only matters when unknown_sni = "default").
-            let default = cs.default || (defaults == 0 && j == 0 && unknown_sni == UnknownSni::UseDefault);
+            let default =
+                cs.default || (defaults == 0 && j == 0 && unknown_sni == UnknownSni::UseDefault);
             files.push(CertificateFiles {
                 key_path: ck,
                 cert: cs.cert.clone(),
@@ -461,7 +502,9 @@ fn check_server_name(n: &str) -> Result<(), String> {
         && bare.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
         });
     if ok {
         Ok(())
@@ -509,7 +552,9 @@ names = ["example.com", "*.example.com"]
         assert_eq!(c.listeners[0].addrs.len(), 2);
         assert!(c.listeners[0].root.ends_with("site"));
         assert!(c.listeners[0].root.is_absolute());
-        let Certificates::Files(f) = &c.listeners[0].certificates else { panic!() };
+        let Certificates::Files(f) = &c.listeners[0].certificates else {
+            panic!()
+        };
         assert!(f[0].default, "first certificate is the default");
         assert_eq!(c.tls.cipher_suites.len(), 9);
     }
@@ -546,7 +591,10 @@ names = ["example.com", "*.example.com"]
             let e = load_text(text).unwrap_err();
             assert!(e.origin.ends_with("tlsgate.toml"), "{e}");
             assert_eq!(&e.key, key, "{text:?} gave {e}");
-            assert!(e.to_string().contains(needle), "{text:?} gave {e}, wanted {needle:?}");
+            assert!(
+                e.to_string().contains(needle),
+                "{text:?} gave {e}, wanted {needle:?}"
+            );
         }
     }
 
@@ -563,7 +611,10 @@ names = ["example.com", "*.example.com"]
         assert_eq!(c.listeners[0].addrs[0].port(), 0);
         assert_eq!(c.admin, None);
         assert_eq!(c.workers, 3);
-        let half = Overrides { cert: Some("x".into()), ..Overrides::default() };
+        let half = Overrides {
+            cert: Some("x".into()),
+            ..Overrides::default()
+        };
         let e = load(None, &half, dir.path()).unwrap_err();
         assert_eq!(e.key, "--key");
     }

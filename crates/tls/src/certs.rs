@@ -47,28 +47,49 @@ pub fn load(files: &tlsgate_config::CertificateFiles) -> Result<LoadedCert, Cert
         .map_err(|e| err("cert", &files.cert, format!("cannot read: {e}")))?;
     let chain = CertificateDer::pem_slice_iter(&chain_pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| err("cert", &files.cert, format!("not a PEM certificate chain: {e}")))?;
+        .map_err(|e| {
+            err(
+                "cert",
+                &files.cert,
+                format!("not a PEM certificate chain: {e}"),
+            )
+        })?;
     if chain.is_empty() {
-        return Err(err("cert", &files.cert, "expected at least one CERTIFICATE block".into()));
+        return Err(err(
+            "cert",
+            &files.cert,
+            "expected at least one CERTIFICATE block".into(),
+        ));
     }
     let key_pem = Zeroizing::new(
-        std::fs::read(&files.key).map_err(|e| err("key", &files.key, format!("cannot read: {e}")))?,
+        std::fs::read(&files.key)
+            .map_err(|e| err("key", &files.key, format!("cannot read: {e}")))?,
     );
     let mut key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-        err("key", &files.key, format!("expected a PKCS#8, SEC1 or PKCS#1 PEM private key: {e}"))
+        err(
+            "key",
+            &files.key,
+            format!("expected a PKCS#8, SEC1 or PKCS#1 PEM private key: {e}"),
+        )
     })?;
     let signing = any_supported_type(&key);
     key.zeroize();
-    let signing = signing.map_err(|e| err("key", &files.key, format!("unsupported private key: {e}")))?;
+    let signing =
+        signing.map_err(|e| err("key", &files.key, format!("unsupported private key: {e}")))?;
     let certified = CertifiedKey::new(chain, signing);
     // Catches a key file that belongs to another certificate.
-    certified
-        .keys_match()
-        .map_err(|e| err("key", &files.key, format!("does not match the certificate: {e}")))?;
+    certified.keys_match().map_err(|e| {
+        err(
+            "key",
+            &files.key,
+            format!("does not match the certificate: {e}"),
+        )
+    })?;
     let names = match &files.names {
         Some(n) => n.iter().map(|s| s.to_ascii_lowercase()).collect(),
-        None => dns_names(&certified.cert[0])
-            .map_err(|problem| err("cert", &files.cert, problem))?,
+        None => {
+            dns_names(&certified.cert[0]).map_err(|problem| err("cert", &files.cert, problem))?
+        }
     };
     if names.is_empty() && !files.default {
         return Err(err(
@@ -191,6 +212,9 @@ mod tests {
         assert_eq!(e.key, "listener[0].certificate[0].cert");
         let e = load(&files(dir.path(), &a.cert_pem, "garbage")).unwrap_err();
         assert_eq!(e.key, "listener[0].certificate[0].key");
-        assert!(!e.to_string().contains("BEGIN"), "never echo key material: {e}");
+        assert!(
+            !e.to_string().contains("BEGIN"),
+            "never echo key material: {e}"
+        );
     }
 }

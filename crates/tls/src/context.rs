@@ -32,7 +32,9 @@ fn suite(s: CipherSuite) -> SupportedCipherSuite {
         }
         CipherSuite::EcdheRsaAes128GcmSha256 => cs::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
         CipherSuite::EcdheRsaAes256GcmSha384 => cs::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
-        CipherSuite::EcdheRsaChacha20Poly1305Sha256 => cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+        CipherSuite::EcdheRsaChacha20Poly1305Sha256 => {
+            cs::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        }
     }
 }
 

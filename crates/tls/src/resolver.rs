@@ -56,7 +56,10 @@ impl CertStore {
         for c in certs {
             for name in &c.names {
                 match name.strip_prefix("*.") {
-                    Some(suffix) => wildcard.entry(suffix.to_string()).or_default().add(&c.certified),
+                    Some(suffix) => wildcard
+                        .entry(suffix.to_string())
+                        .or_default()
+                        .add(&c.certified),
                     None => exact.entry(name.clone()).or_default().add(&c.certified),
                 }
             }
@@ -110,7 +113,10 @@ mod tests {
         let c = params.self_signed(&key).unwrap();
         let der = PrivateKeyDer::Pkcs8(key.serialize_der().into());
         LoadedCert {
-            certified: Arc::new(CertifiedKey::new(vec![c.der().clone()], any_supported_type(&der).unwrap())),
+            certified: Arc::new(CertifiedKey::new(
+                vec![c.der().clone()],
+                any_supported_type(&der).unwrap(),
+            )),
             names: names.iter().map(|s| s.to_string()).collect(),
             default,
         }
@@ -148,7 +154,10 @@ mod tests {
         let r = cert(&rcgen::PKCS_RSA_SHA256, &["a.example"], false);
         let store = CertStore::new(&[r.clone(), e.clone()], UnknownSni::UseDefault);
         let slot = store.lookup(Some("a.example")).unwrap();
-        assert!(Arc::ptr_eq(&slot.choose(ECDSA_AND_RSA).unwrap(), &e.certified));
+        assert!(Arc::ptr_eq(
+            &slot.choose(ECDSA_AND_RSA).unwrap(),
+            &e.certified
+        ));
         assert!(Arc::ptr_eq(&slot.choose(RSA_ONLY).unwrap(), &r.certified));
         assert!(slot.choose(&[SignatureScheme::ED25519]).is_none());
         // The default keeps its RSA twin too.

@@ -1,0 +1,308 @@
+//! The access log: one line per request, formatted on the worker and
+//! written by a dedicated thread so a slow disk never stalls a connection.
+//! When the writer falls behind, lines are dropped and counted.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Write};
+use std::net::IpAddr;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::time::{Duration, SystemTime};
+
+use tlsgate_config::{LogFormat, LogTarget};
+
+/// Lines waiting for the writer before new ones are dropped.
+const QUEUE: usize = 65_536;
+
+/// What is known about one finished request.
+pub struct Record<'a> {
+    /// Client address.
+    pub remote: IpAddr,
+    /// When the request head was complete.
+    pub time: SystemTime,
+    /// Method as sent.
+    pub method: &'a str,
+    /// Request target as sent.
+    pub target: &'a [u8],
+    /// "HTTP/1.1" or "HTTP/1.0".
+    pub version: &'a str,
+    /// Response status.
+    pub status: u16,
+    /// Response body bytes.
+    pub body_bytes: u64,
+    /// Referer header.
+    pub referer: Option<&'a [u8]>,
+    /// User-Agent header.
+    pub user_agent: Option<&'a [u8]>,
+    /// Time from head to response written.
+    pub duration: Duration,
+    /// TLS SNI, if any.
+    pub sni: Option<&'a str>,
+    /// Negotiated TLS version.
+    pub tls_version: Option<&'a str>,
+}
+
+enum Msg {
+    Line(String),
+    Reopen(LogTarget),
+    Flush(SyncSender<()>),
+}
+
+/// The sending side; cheap to clone into every worker.
+#[derive(Clone)]
+pub struct AccessLog {
+    tx: SyncSender<Msg>,
+}
+
+impl AccessLog {
+    /// Starts the writer thread on `target`.
+    pub fn start(target: &LogTarget) -> io::Result<AccessLog> {
+        let sink = open(target)?;
+        let (tx, rx) = sync_channel(QUEUE);
+        std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || writer(rx, sink))?;
+        Ok(AccessLog { tx })
+    }
+
+    /// Queues a line; false when the queue is full (the caller counts it).
+    pub fn log(&self, line: String) -> bool {
+        !matches!(
+            self.tx.try_send(Msg::Line(line)),
+            Err(TrySendError::Full(_))
+        )
+    }
+
+    /// Switches to a new target (on reload; also reopens a rotated file).
+    pub fn reopen(&self, target: LogTarget) {
+        let _ = self.tx.send(Msg::Reopen(target));
+    }
+
+    /// Waits until everything queued so far is written.
+    pub fn flush(&self) {
+        let (tx, rx) = sync_channel(1);
+        if self.tx.send(Msg::Flush(tx)).is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+enum Sink {
+    Off,
+    Stdout(io::Stdout),
+    File(BufWriter<File>),
+}
+
+fn open(target: &LogTarget) -> io::Result<Sink> {
+    Ok(match target {
+        LogTarget::Off => Sink::Off,
+        LogTarget::Stdout => Sink::Stdout(io::stdout()),
+        LogTarget::File(p) => Sink::File(BufWriter::new(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("cannot open access log {}: {e}", p.display()),
+                    )
+                })?,
+        )),
+    })
+}
+
+fn writer(rx: Receiver<Msg>, mut sink: Sink) {
+    let mut pending = 0usize;
+    loop {
+        // Block for the first message, then drain without blocking and
+        // flush once the queue is empty: one write(2) per burst.
+        let msg = if pending == 0 {
+            match rx.recv() {
+                Ok(m) => m,
+                Err(_) => return,
+            }
+        } else {
+            match rx.try_recv() {
+                Ok(m) => m,
+                Err(_) => {
+                    flush(&mut sink);
+                    pending = 0;
+                    continue;
+                }
+            }
+        };
+        match msg {
+            Msg::Line(line) => {
+                let r = match &mut sink {
+                    Sink::Off => Ok(()),
+                    Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
+                    Sink::File(f) => f.write_all(line.as_bytes()),
+                };
+                if let Err(e) = r {
+                    tracing::warn!("access log write failed: {e}");
+                }
+                pending += 1;
+            }
+            Msg::Reopen(target) => {
+                flush(&mut sink);
+                match open(&target) {
+                    Ok(s) => sink = s,
+                    Err(e) => tracing::error!("{e}; keeping the previous access log"),
+                }
+            }
+            Msg::Flush(done) => {
+                flush(&mut sink);
+                pending = 0;
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn flush(sink: &mut Sink) {
+    let _ = match sink {
+        Sink::Off => Ok(()),
+        Sink::Stdout(s) => s.lock().flush(),
+        Sink::File(f) => f.flush(),
+    };
+}
+
+/// Appends `bytes` for a quoted log field: printable ASCII as is, `"` and
+/// `\` and everything else escaped as `\xHH` (as nginx does).
+fn escaped(out: &mut String, bytes: &[u8]) {
+    use std::fmt::Write as _;
+    for &b in bytes {
+        if (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "\\x{b:02X}");
+        }
+    }
+}
+
+/// Formats one record as a full line (with newline).
+pub fn format(format: LogFormat, r: &Record<'_>) -> String {
+    match format {
+        LogFormat::Combined => combined(r),
+        LogFormat::Json => json(r),
+    }
+}
+
+fn combined(r: &Record<'_>) -> String {
+    use std::fmt::Write as _;
+    let t = time::OffsetDateTime::from(r.time);
+    let mut s = String::with_capacity(160);
+    let _ = write!(
+        s,
+        "{} - - [{:02}/{}/{}:{:02}:{:02}:{:02} +0000] \"",
+        r.remote,
+        t.day(),
+        month_abbr(t.month()),
+        t.year(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    );
+    escaped(&mut s, r.method.as_bytes());
+    s.push(' ');
+    escaped(&mut s, r.target);
+    let _ = write!(s, " {}\" {} {} \"", r.version, r.status, r.body_bytes);
+    escaped(&mut s, r.referer.unwrap_or(b"-"));
+    s.push_str("\" \"");
+    escaped(&mut s, r.user_agent.unwrap_or(b"-"));
+    s.push_str("\"\n");
+    s
+}
+
+fn month_abbr(m: time::Month) -> &'static str {
+    use time::Month::*;
+    match m {
+        January => "Jan",
+        February => "Feb",
+        March => "Mar",
+        April => "Apr",
+        May => "May",
+        June => "Jun",
+        July => "Jul",
+        August => "Aug",
+        September => "Sep",
+        October => "Oct",
+        November => "Nov",
+        December => "Dec",
+    }
+}
+
+fn json(r: &Record<'_>) -> String {
+    let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let t = time::OffsetDateTime::from(r.time);
+    let v = serde_json::json!({
+        "time": t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
+        "remote": r.remote.to_string(),
+        "method": r.method,
+        "target": lossy(r.target),
+        "version": r.version,
+        "status": r.status,
+        "bytes": r.body_bytes,
+        "duration_us": u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
+        "referer": r.referer.map(lossy),
+        "user_agent": r.user_agent.map(lossy),
+        "sni": r.sni,
+        "tls": r.tls_version,
+    });
+    let mut s = v.to_string();
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn rec() -> Record<'static> {
+        Record {
+            remote: "127.0.0.1".parse().unwrap(),
+            time: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            method: "GET",
+            target: b"/a\"b",
+            version: "HTTP/1.1",
+            status: 200,
+            body_bytes: 42,
+            referer: None,
+            user_agent: Some(b"curl/8\x01"),
+            duration: Duration::from_micros(1500),
+            sni: Some("localhost"),
+            tls_version: Some("TLSv1.3"),
+        }
+    }
+
+    #[test]
+    fn combined_format_escapes() {
+        let line = format(LogFormat::Combined, &rec());
+        assert_eq!(
+            line,
+            "127.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a\\x22b HTTP/1.1\" 200 42 \"-\" \"curl/8\\x01\"\n"
+        );
+    }
+
+    #[test]
+    fn json_format_parses() {
+        let line = format(LogFormat::Json, &rec());
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["target"], "/a\"b");
+        assert_eq!(v["duration_us"], 1500);
+        assert_eq!(v["time"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn file_target_gets_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("access.log");
+        let log = AccessLog::start(&LogTarget::File(p.clone())).unwrap();
+        assert!(log.log("one\n".into()));
+        assert!(log.log("two\n".into()));
+        log.flush();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
+    }
+}

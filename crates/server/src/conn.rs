@@ -1,0 +1,109 @@
+//! One client connection from accept to close: the TLS handshake under its
+//! timeout, its metrics, then the HTTP loop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tlsgate_metrics::{HandshakeLabels, ReasonLabel};
+use tlsgate_tls::rustls::{HandshakeKind, ProtocolVersion};
+use tokio::net::TcpStream;
+
+use crate::http::{self, HttpCtx};
+use crate::limiter::Permit;
+use crate::Shared;
+
+/// Keeps `connections_open` right however the task ends.
+struct OpenGuard<'a>(&'a Shared);
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.connections_open.dec();
+    }
+}
+
+fn version_name(v: Option<ProtocolVersion>) -> &'static str {
+    match v {
+        Some(ProtocolVersion::TLSv1_3) => "TLSv1.3",
+        Some(ProtocolVersion::TLSv1_2) => "TLSv1.2",
+        _ => "other",
+    }
+}
+
+/// Serves one accepted connection of listener `listener`.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    listener: usize,
+    sock: TcpStream,
+    peer: SocketAddr,
+    _permit: Permit,
+) {
+    let m = &shared.metrics;
+    m.connections_total.inc();
+    m.connections_open.inc();
+    let _open = OpenGuard(&shared);
+    // The generation at accept serves the whole connection, across reloads.
+    let gen = shared.current.load_full();
+    let Some(site) = gen.sites.get(listener) else {
+        return;
+    };
+    let _ = sock.set_nodelay(true);
+    let t0 = Instant::now();
+    let handshake = tokio::time::timeout(
+        gen.config.limits.handshake_timeout,
+        tlsgate_tls::accept(sock, &site.tls),
+    )
+    .await;
+    let mut conn = match handshake {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, "handshake failed: {e}");
+            m.handshake_failures
+                .get_or_create(&ReasonLabel { reason: e.reason() })
+                .inc();
+            return;
+        }
+        Err(_) => {
+            m.handshake_failures
+                .get_or_create(&ReasonLabel { reason: "timeout" })
+                .inc();
+            m.timeouts
+                .get_or_create(&ReasonLabel {
+                    reason: "handshake",
+                })
+                .inc();
+            return;
+        }
+    };
+    m.handshake_seconds.observe(t0.elapsed().as_secs_f64());
+    let tls = conn.tls();
+    let version = version_name(tls.protocol_version());
+    m.handshakes
+        .get_or_create(&HandshakeLabels {
+            version,
+            cipher: tls
+                .negotiated_cipher_suite()
+                .and_then(|s| s.suite().as_str())
+                .unwrap_or("unknown"),
+            group: tls
+                .negotiated_key_exchange_group()
+                .and_then(|g| g.name().as_str())
+                .unwrap_or("none"),
+            resumed: if tls.handshake_kind() == Some(HandshakeKind::Resumed) {
+                "true"
+            } else {
+                "false"
+            },
+        })
+        .inc();
+    let mut cx = HttpCtx {
+        gen: &gen,
+        site,
+        shared: &shared,
+        peer,
+        shutdown: shared.shutdown.subscribe(),
+        sni: tls.server_name().map(str::to_owned),
+        tls_version: Some(version),
+    };
+    http::serve(&mut conn, &mut cx).await;
+}

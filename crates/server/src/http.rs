@@ -1,0 +1,523 @@
+//! The HTTP/1.1 side of a client connection: read heads under timeouts,
+//! drain request bodies within limits, answer from the document root, keep
+//! pipelined responses in order, and close cleanly.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant, SystemTime};
+
+use tlsgate_files::{select, Found, Preconditions, Selection, StaticFile};
+use tlsgate_http1::{
+    end_head, parse_request, reason_phrase, write_header, write_header_u64, write_status_line,
+    BodyFraming, ChunkedDecoder, Limits, Method, RequestHead, Version,
+};
+use tokio::sync::watch;
+use tokio::time::timeout_at;
+
+use crate::access_log::{self, Record};
+use crate::generation::{Generation, Site};
+use crate::transport::Transport;
+use crate::Shared;
+
+/// Bodies up to this size are copied after the head into one write; larger
+/// ones are streamed (later: `sendfile` under kernel TLS).
+const INLINE_BODY_MAX: u64 = 64 * 1024;
+/// Queued pipelined responses are sent once they reach this size.
+const OUT_FLUSH_AT: usize = 64 * 1024;
+/// Bytes asked of the transport per read.
+const READ_CHUNK: usize = 16 * 1024;
+/// How long a closing connection keeps draining the client's bytes.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Everything a connection's HTTP loop needs to know.
+pub(crate) struct HttpCtx<'a> {
+    pub gen: &'a Generation,
+    pub site: &'a Site,
+    pub shared: &'a Shared,
+    pub peer: SocketAddr,
+    pub shutdown: watch::Receiver<bool>,
+    pub sni: Option<String>,
+    pub tls_version: Option<&'static str>,
+}
+
+/// How a connection ended; for the timeout metrics.
+enum End {
+    Done,
+    Timeout(&'static str),
+}
+
+/// A response's outcome for logs and metrics.
+struct Answered {
+    status: u16,
+    body_bytes: u64,
+}
+
+/// Reads more bytes into the tail of `buf`. Callers that may cancel this
+/// future return from the connection right after, so the zero-filled tail
+/// left by a cancellation is never parsed.
+async fn read_more<T: Transport>(io: &mut T, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    let start = buf.len();
+    buf.resize(start + READ_CHUNK, 0);
+    let r = io.read(buf.get_mut(start..).unwrap_or_default()).await;
+    buf.truncate(start + *r.as_ref().unwrap_or(&0));
+    r
+}
+
+/// Sends the queued output within the send timeout.
+async fn send<T: Transport>(io: &mut T, out: &mut Vec<u8>, cx: &HttpCtx<'_>) -> Result<(), End> {
+    let limit = cx.gen.config.limits.send_timeout;
+    let r = tokio::time::timeout(limit, async {
+        io.write_all(out).await?;
+        io.flush().await
+    })
+    .await;
+    cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
+    out.clear();
+    match r {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(End::Done),
+        Err(_) => Err(End::Timeout("send")),
+    }
+}
+
+/// Serves requests until the client leaves, a limit or timeout ends the
+/// connection, or shutdown. Never panics on client input.
+pub(crate) async fn serve<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) {
+    let end = serve_inner(io, cx).await;
+    if let End::Timeout(which) = end {
+        cx.shared
+            .metrics
+            .timeouts
+            .get_or_create(&tlsgate_metrics::ReasonLabel { reason: which })
+            .inc();
+    }
+}
+
+async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> End {
+    let limits = &cx.gen.config.limits;
+    let parse_limits = Limits {
+        max_head_bytes: limits.max_header_bytes,
+        max_target_bytes: limits.max_uri_bytes,
+        max_headers: limits.max_headers,
+    };
+    let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
+    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    let mut scratch: Vec<u8> = Vec::new();
+    let mut served: u64 = 0;
+    // When the head being read began; the first one counts from the handshake.
+    let mut head_started: Option<Instant> = Some(Instant::now());
+
+    loop {
+        let head = match parse_request(&inbuf, &parse_limits) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                if !out.is_empty() {
+                    if let Err(e) = send(io, &mut out, cx).await {
+                        return e;
+                    }
+                }
+                match head_started {
+                    Some(t0) => {
+                        let deadline = (t0 + limits.header_timeout).into();
+                        match timeout_at(deadline, read_more(io, &mut inbuf)).await {
+                            Ok(Ok(n)) if n > 0 => continue,
+                            Ok(_) => return End::Done,
+                            Err(_) => {
+                                // RFC 9110 408, then close.
+                                simple(&mut out, cx, 408, false, false, &[]);
+                                let _ = send(io, &mut out, cx).await;
+                                close(io).await;
+                                return End::Timeout("header");
+                            }
+                        }
+                    }
+                    None => {
+                        if *cx.shutdown.borrow() {
+                            close(io).await;
+                            return End::Done;
+                        }
+                        let deadline = (Instant::now() + limits.keepalive_timeout).into();
+                        tokio::select! {
+                            r = timeout_at(deadline, read_more(io, &mut inbuf)) => match r {
+                                Ok(Ok(n)) if n > 0 => {
+                                    head_started = Some(Instant::now());
+                                    continue;
+                                }
+                                Ok(_) => return End::Done,
+                                Err(_) => {
+                                    close(io).await;
+                                    return End::Timeout("keepalive");
+                                }
+                            },
+                            _ = cx.shutdown.changed() => {
+                                close(io).await;
+                                return End::Done;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let status = e.status();
+                tracing::debug!(peer = %cx.peer, "bad request: {e}");
+                let t0 = Instant::now();
+                let bytes = simple(&mut out, cx, status, false, false, &[]);
+                log_request(cx, None, status, bytes, t0, SystemTime::now());
+                let _ = send(io, &mut out, cx).await;
+                close(io).await;
+                io.linger(LINGER).await;
+                return End::Done;
+            }
+        };
+
+        let t0 = Instant::now();
+        let wall = SystemTime::now();
+        served += 1;
+        let mut keep_alive = head.keep_alive()
+            && served < limits.max_requests_per_connection
+            && !*cx.shutdown.borrow();
+        inbuf.drain(..head.head_len().min(inbuf.len()));
+
+        // The body: drained for GET/HEAD (we have no use for it), never read
+        // for other methods, which are refused and closed.
+        let serves_method = matches!(head.method(), Method::Get | Method::Head);
+        let mut early: Option<u16> = None;
+        match head.body() {
+            BodyFraming::None | BodyFraming::ContentLength(0) => {}
+            _ if !serves_method => keep_alive = false,
+            BodyFraming::ContentLength(n) if n > limits.max_body_bytes => early = Some(413),
+            BodyFraming::ContentLength(n) => {
+                if let Err(e) = drain_length(io, &mut inbuf, n, cx).await {
+                    return e;
+                }
+            }
+            BodyFraming::Chunked => match drain_chunked(io, &mut inbuf, cx).await {
+                Ok(()) => {}
+                Err(Err(e)) => return e,
+                Err(Ok(status)) => early = Some(status),
+            },
+        }
+        if early.is_some() {
+            keep_alive = false;
+        }
+
+        let answered = match early {
+            Some(status) => Answered {
+                status,
+                body_bytes: simple(
+                    &mut out,
+                    cx,
+                    status,
+                    false,
+                    head.method() == &Method::Head,
+                    &[],
+                ),
+            },
+            None => match respond(io, cx, &head, &mut out, &mut scratch, keep_alive).await {
+                Ok(a) => a,
+                Err(e) => return e,
+            },
+        };
+        log_request(
+            cx,
+            Some(&head),
+            answered.status,
+            answered.body_bytes,
+            t0,
+            wall,
+        );
+
+        if !keep_alive {
+            if send(io, &mut out, cx).await.is_ok() {
+                close(io).await;
+                io.linger(LINGER).await;
+            }
+            return End::Done;
+        }
+        head_started = if inbuf.is_empty() {
+            None
+        } else {
+            Some(Instant::now())
+        };
+        // Pipelined requests already here are answered before one write.
+        if inbuf.is_empty() || out.len() >= OUT_FLUSH_AT {
+            if let Err(e) = send(io, &mut out, cx).await {
+                return e;
+            }
+        }
+    }
+}
+
+async fn close<T: Transport>(io: &mut T) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), io.close()).await;
+}
+
+/// Discards a Content-Length body.
+async fn drain_length<T: Transport>(
+    io: &mut T,
+    inbuf: &mut Vec<u8>,
+    len: u64,
+    cx: &HttpCtx<'_>,
+) -> Result<(), End> {
+    let have = usize::try_from(len).unwrap_or(usize::MAX).min(inbuf.len());
+    inbuf.drain(..have);
+    let mut left = len - have as u64;
+    let deadline = (Instant::now() + cx.gen.config.limits.body_timeout).into();
+    let mut sink = [0u8; 4096];
+    while left > 0 {
+        let want = usize::try_from(left).map_or(sink.len(), |l| l.min(sink.len()));
+        match timeout_at(deadline, io.read(sink.get_mut(..want).unwrap_or_default())).await {
+            Ok(Ok(n)) if n > 0 => left -= n as u64,
+            Ok(_) => return Err(End::Done),
+            Err(_) => return Err(End::Timeout("body")),
+        }
+    }
+    Ok(())
+}
+
+/// Discards a chunked body. `Err(Ok(status))` answers the client's error.
+async fn drain_chunked<T: Transport>(
+    io: &mut T,
+    inbuf: &mut Vec<u8>,
+    cx: &HttpCtx<'_>,
+) -> Result<(), Result<u16, End>> {
+    let limits = &cx.gen.config.limits;
+    let mut decoder = ChunkedDecoder::new(limits.max_body_bytes, limits.max_header_bytes);
+    let deadline = (Instant::now() + limits.body_timeout).into();
+    let mut sink = Vec::new();
+    loop {
+        let decoded = decoder
+            .decode(inbuf, &mut sink)
+            .map_err(|e| Ok(e.status()))?;
+        sink.clear();
+        inbuf.drain(..decoded.consumed.min(inbuf.len()));
+        if decoded.done {
+            return Ok(());
+        }
+        match timeout_at(deadline, read_more(io, inbuf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(_) => return Err(Err(End::Done)),
+            Err(_) => return Err(Err(End::Timeout("body"))),
+        }
+    }
+}
+
+thread_local! {
+    /// The `Date` header value, rebuilt at most once a second per worker.
+    static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+}
+
+fn write_date(out: &mut Vec<u8>) {
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        write_header(out, "Date", d.1.as_bytes());
+    });
+}
+
+/// Status line and the headers every response carries.
+fn common_head(out: &mut Vec<u8>, cx: &HttpCtx<'_>, status: u16, keep_alive: bool, http10: bool) {
+    write_status_line(out, status);
+    write_date(out);
+    if let Some(server) = &cx.gen.config.server_header {
+        write_header(out, "Server", server.as_bytes());
+    }
+    if !keep_alive {
+        write_header(out, "Connection", b"close");
+    } else if http10 {
+        write_header(out, "Connection", b"keep-alive");
+    }
+}
+
+/// A short text response (errors, redirects). Returns the body length.
+fn simple(
+    out: &mut Vec<u8>,
+    cx: &HttpCtx<'_>,
+    status: u16,
+    keep_alive: bool,
+    head_only: bool,
+    extra: &[(&str, &[u8])],
+) -> u64 {
+    let reason = reason_phrase(status);
+    common_head(out, cx, status, keep_alive, false);
+    for (name, value) in extra {
+        write_header(out, name, value);
+    }
+    let body_len = (3 + 1 + reason.len() + 1) as u64;
+    write_header(out, "Content-Type", b"text/plain; charset=utf-8");
+    write_header_u64(out, "Content-Length", body_len);
+    end_head(out);
+    if head_only {
+        return 0;
+    }
+    out.extend_from_slice(status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason.as_bytes());
+    out.push(b'\n');
+    body_len
+}
+
+/// Answers one request from the document root.
+async fn respond<T: Transport + Send>(
+    io: &mut T,
+    cx: &HttpCtx<'_>,
+    head: &RequestHead,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    keep_alive: bool,
+) -> Result<Answered, End> {
+    let is_head = head.method() == &Method::Head;
+    let http10 = head.version() == Version::Http10;
+    let plain = |out: &mut Vec<u8>, status: u16, extra: &[(&str, &[u8])]| Answered {
+        status,
+        body_bytes: simple(out, cx, status, keep_alive, is_head, extra),
+    };
+    match head.method() {
+        Method::Get | Method::Head => {}
+        Method::Other(_) => return Ok(plain(out, 501, &[])),
+        _ => return Ok(plain(out, 405, &[("Allow", b"GET, HEAD")])),
+    }
+    let file = match cx.site.root.lookup(head.path()) {
+        Ok(Found::File(f)) => f,
+        Ok(Found::Redirect(location)) => {
+            let mut loc = location.into_bytes();
+            if let Some(q) = head.query() {
+                loc.push(b'?');
+                loc.extend_from_slice(q);
+            }
+            return Ok(plain(out, 301, &[("Location", &loc)]));
+        }
+        Err(e) => {
+            let status = e.status();
+            if status >= 500 {
+                tracing::warn!(peer = %cx.peer, "cannot serve {:?}: {e}", String::from_utf8_lossy(head.path()));
+            }
+            return Ok(plain(out, status, &[]));
+        }
+    };
+    let StaticFile { file, meta } = file;
+    let pre = Preconditions {
+        if_match: head.header("if-match"),
+        if_none_match: head.header("if-none-match"),
+        if_modified_since: head.header("if-modified-since"),
+        if_unmodified_since: head.header("if-unmodified-since"),
+        if_range: head.header("if-range"),
+        range: head.header("range"),
+    };
+    let last_modified = meta.last_modified_header();
+    let validators = |out: &mut Vec<u8>| {
+        write_header(out, "Last-Modified", last_modified.as_bytes());
+        write_header(out, "ETag", meta.etag.as_bytes());
+    };
+    let (status, start, len) = match select(&pre, &meta, true) {
+        Selection::Full => (200, 0, meta.len),
+        Selection::Partial {
+            start,
+            end_inclusive,
+        } => (206, start, end_inclusive - start + 1),
+        Selection::NotModified => {
+            common_head(out, cx, 304, keep_alive, http10);
+            validators(out);
+            end_head(out);
+            return Ok(Answered {
+                status: 304,
+                body_bytes: 0,
+            });
+        }
+        Selection::PreconditionFailed => return Ok(plain(out, 412, &[])),
+        Selection::Unsatisfiable => {
+            let range = format!("bytes */{}", meta.len);
+            return Ok(plain(out, 416, &[("Content-Range", range.as_bytes())]));
+        }
+    };
+    common_head(out, cx, status, keep_alive, http10);
+    write_header(out, "Content-Type", meta.content_type.as_bytes());
+    write_header_u64(out, "Content-Length", len);
+    validators(out);
+    write_header(out, "Accept-Ranges", b"bytes");
+    if status == 206 {
+        let range = format!("bytes {}-{}/{}", start, start + len - 1, meta.len);
+        write_header(out, "Content-Range", range.as_bytes());
+    }
+    end_head(out);
+    if is_head || len == 0 {
+        return Ok(Answered {
+            status,
+            body_bytes: 0,
+        });
+    }
+    if len <= INLINE_BODY_MAX {
+        let at = out.len();
+        // len <= 64 KiB, so the cast is exact.
+        out.resize(at + len as usize, 0);
+        if let Err(e) = file.read_exact_at(out.get_mut(at..).unwrap_or_default(), start) {
+            // The head promised a length we cannot deliver: drop the connection.
+            tracing::warn!(peer = %cx.peer, "read failed mid-response: {e}");
+            return Err(End::Done);
+        }
+    } else {
+        send(io, out, cx).await?;
+        let limit = cx.gen.config.limits.send_timeout;
+        match io.send_file(&file, start, len, scratch, limit).await {
+            Ok(()) => {
+                cx.shared.metrics.bytes_sent.inc_by(len);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(End::Timeout("send")),
+            Err(_) => return Err(End::Done),
+        }
+    }
+    Ok(Answered {
+        status,
+        body_bytes: len,
+    })
+}
+
+fn log_request(
+    cx: &HttpCtx<'_>,
+    head: Option<&RequestHead>,
+    status: u16,
+    body_bytes: u64,
+    t0: Instant,
+    wall: SystemTime,
+) {
+    let m = &cx.shared.metrics;
+    m.count_status(status);
+    let elapsed = t0.elapsed();
+    m.request_seconds.observe(elapsed.as_secs_f64());
+    let config = &cx.gen.config;
+    if config.access_log.target == tlsgate_config::LogTarget::Off {
+        return;
+    }
+    let record = Record {
+        remote: cx.peer.ip(),
+        time: wall,
+        method: head.map_or("-", |h| h.method().as_str()),
+        target: head.map_or(b"-", |h| h.target()),
+        version: match head.map(|h| h.version()) {
+            Some(Version::Http10) => "HTTP/1.0",
+            Some(Version::Http11) => "HTTP/1.1",
+            None => "-",
+        },
+        status,
+        body_bytes,
+        referer: head.and_then(|h| h.header("referer")),
+        user_agent: head.and_then(|h| h.header("user-agent")),
+        duration: elapsed,
+        sni: cx.sni.as_deref(),
+        tls_version: cx.tls_version,
+    };
+    if !cx
+        .shared
+        .access_log
+        .log(access_log::format(config.access_log.format, &record))
+    {
+        m.access_log_dropped.inc();
+    }
+}

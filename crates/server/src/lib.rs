@@ -1,0 +1,259 @@
+//! The tlsgate server: worker threads and their listeners, the life of a
+//! client connection (TLS handshake, HTTP/1.1, static files), limits and
+//! timeouts, the admin listener, the access log, reload on SIGHUP and
+//! graceful shutdown on SIGTERM/SIGINT.
+//!
+//! The binary only parses the command line and calls [`run`].
+#![forbid(unsafe_code)]
+
+mod access_log;
+mod admin;
+mod conn;
+mod generation;
+mod http;
+mod limiter;
+mod transport;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tlsgate_config::{Config, ConfigError, Overrides};
+use tlsgate_metrics::{Metrics, ResultLabel};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+pub use access_log::AccessLog;
+pub use generation::{Generation, SelfSignedCache};
+pub use transport::Transport;
+
+use limiter::ConnLimiter;
+use worker::WorkerSocket;
+
+/// Why tlsgate could not start. Every variant is an operator's problem to
+/// fix (the binary exits with status 2).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration (file, flags, certificates, roots) is wrong.
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    /// A listening socket could not be opened.
+    #[error("{origin}: key `{key}`: cannot listen: {source}")]
+    Listen {
+        /// Config origin.
+        origin: String,
+        /// The key naming the address.
+        key: String,
+        /// What the kernel said.
+        source: std::io::Error,
+    },
+    /// Something else the process needs (threads, runtime, log file).
+    #[error("cannot start: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// State shared by the main thread and every worker.
+pub struct Shared {
+    /// The running generation; replaced whole on reload.
+    pub current: ArcSwap<Generation>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Connection limits.
+    limiter: Arc<ConnLimiter>,
+    /// Access log writer.
+    pub access_log: AccessLog,
+    /// Becomes true when shutdown starts.
+    pub shutdown: watch::Sender<bool>,
+}
+
+/// Where the configuration comes from, kept for reloads.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// `--config FILE`, or `None` for built-in defaults.
+    pub config_path: Option<PathBuf>,
+    /// Command-line overrides.
+    pub overrides: Overrides,
+    /// Document root of the built-in default.
+    pub default_root: PathBuf,
+}
+
+impl Launch {
+    fn load(&self) -> Result<Config, ConfigError> {
+        tlsgate_config::load(
+            self.config_path.as_deref(),
+            &self.overrides,
+            &self.default_root,
+        )
+    }
+}
+
+/// Validates everything `launch` names without serving: the config, the
+/// certificates and keys, the document roots.
+pub fn check(launch: &Launch) -> Result<Config, StartError> {
+    let config = launch.load()?;
+    let gen = generation::build(config, &SelfSignedCache::default())?;
+    Ok(gen.config)
+}
+
+/// Runs the server until SIGTERM or SIGINT, then drains and returns.
+pub fn run(launch: Launch) -> Result<(), StartError> {
+    let config = launch.load()?;
+    let self_signed = SelfSignedCache::default();
+    let gen = generation::build(config, &self_signed)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Signal handlers come first: a signal that arrives once we say we are
+    // listening must reach us, not kill us.
+    let (mut term, mut int, mut hup) = {
+        let _guard = rt.enter();
+        (
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::hangup())?,
+        )
+    };
+
+    // Open every socket before starting anything: nothing half-started.
+    let workers = gen.config.workers;
+    let mut per_worker: Vec<Vec<WorkerSocket>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut announced = Vec::new();
+    for (i, l) in gen.config.listeners.iter().enumerate() {
+        for addr in &l.addrs {
+            let group =
+                tlsgate_sys::reuseport_group(*addr, gen.config.backlog, workers).map_err(|e| {
+                    StartError::Listen {
+                        origin: gen.config.origin.clone(),
+                        key: format!("{}.listen", l.key_path),
+                        source: std::io::Error::new(e.source.kind(), e.to_string()),
+                    }
+                })?;
+            if let Some(first) = group.first() {
+                announced.push((first.local_addr()?, l.root.clone()));
+            }
+            for (w, socket) in group.into_iter().enumerate() {
+                if let Some(slot) = per_worker.get_mut(w) {
+                    slot.push(WorkerSocket {
+                        listener: i,
+                        socket,
+                    });
+                }
+            }
+        }
+    }
+    let admin = match gen.config.admin {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::Listen {
+                origin: gen.config.origin.clone(),
+                key: "admin.listen".into(),
+                source,
+            })?;
+            l.set_nonblocking(true)?;
+            Some(l)
+        }
+        None => None,
+    };
+    let access_log = AccessLog::start(&gen.config.access_log.target)?;
+
+    let (shutdown, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        current: ArcSwap::from_pointee(gen),
+        metrics: Metrics::new(),
+        limiter: Arc::new(ConnLimiter::default()),
+        access_log,
+        shutdown,
+    });
+    let mut threads = Vec::with_capacity(workers);
+    for (id, sockets) in per_worker.into_iter().enumerate() {
+        threads.push(worker::spawn(id, shared.clone(), sockets)?);
+    }
+    for (addr, root) in &announced {
+        tracing::info!(
+            "listening on https://{addr} serving {} with {workers} workers",
+            root.display()
+        );
+    }
+
+    rt.block_on(async {
+        if let Some(l) = admin {
+            let l = tokio::net::TcpListener::from_std(l)?;
+            tracing::info!("admin listening on http://{}/metrics", l.local_addr()?);
+            tokio::spawn(admin::serve(shared.clone(), l));
+        }
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = hup.recv() => reload(&launch, &shared, &self_signed),
+            }
+        }
+        Ok::<(), std::io::Error>(())
+    })?;
+
+    let grace = shared.current.load().config.shutdown_timeout;
+    tracing::info!(
+        "shutting down: no new connections, finishing requests in flight (up to {grace:?})"
+    );
+    shared.shutdown.send_replace(true);
+    for t in threads {
+        let _ = t.join();
+    }
+    shared.access_log.flush();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Rebuilds the generation from the same sources; on any error the running
+/// one stays and the error is logged.
+fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache) {
+    let result = launch
+        .load()
+        .map_err(StartError::from)
+        .and_then(|c| generation::build(c, self_signed))
+        .and_then(|new| {
+            let old = shared.current.load();
+            let addrs = |g: &Generation| {
+                g.config
+                    .listeners
+                    .iter()
+                    .map(|l| l.addrs.clone())
+                    .collect::<Vec<_>>()
+            };
+            if addrs(&new) != addrs(&old) {
+                return Err(StartError::Config(ConfigError::new(
+                    &new.config.origin,
+                    "listener",
+                    "listen addresses changed; a restart is needed to apply that",
+                )));
+            }
+            if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
+                tracing::warn!("server.workers and admin.listen take effect at the next restart");
+            }
+            Ok(new)
+        });
+    match result {
+        Ok(new) => {
+            shared
+                .access_log
+                .reopen(new.config.access_log.target.clone());
+            let origin = new.config.origin.clone();
+            shared.current.store(Arc::new(new));
+            shared
+                .metrics
+                .reloads
+                .get_or_create(&ResultLabel { result: "ok" })
+                .inc();
+            tracing::info!("reloaded configuration from {origin}");
+        }
+        Err(e) => {
+            shared
+                .metrics
+                .reloads
+                .get_or_create(&ResultLabel { result: "error" })
+                .inc();
+            tracing::error!("reload refused, still serving the previous configuration: {e}");
+        }
+    }
+}

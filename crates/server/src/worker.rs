@@ -1,0 +1,128 @@
+//! Worker threads: one tokio runtime per thread, each with its own
+//! `SO_REUSEPORT` listener per address, so connections never migrate
+//! between cores and the workers share nothing on the hot path.
+
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tlsgate_metrics::ReasonLabel;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use crate::Shared;
+
+/// A listening socket of one worker and the listener (site) it belongs to.
+pub(crate) struct WorkerSocket {
+    pub listener: usize,
+    pub socket: std::net::TcpListener,
+}
+
+/// Starts worker `id` on its sockets.
+pub(crate) fn spawn(
+    id: usize,
+    shared: Arc<Shared>,
+    sockets: Vec<WorkerSocket>,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("worker-{id}"))
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("worker {id}: cannot start its runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(run(shared, sockets));
+        })
+}
+
+async fn run(shared: Arc<Shared>, sockets: Vec<WorkerSocket>) {
+    let tracker = TaskTracker::new();
+    let mut loops = Vec::new();
+    for ws in sockets {
+        match TcpListener::from_std(ws.socket) {
+            Ok(l) => loops.push(tokio::spawn(accept_loop(
+                shared.clone(),
+                ws.listener,
+                l,
+                tracker.clone(),
+            ))),
+            Err(e) => tracing::error!("cannot register a listener: {e}"),
+        }
+    }
+    for l in loops {
+        let _ = l.await;
+    }
+    // Listeners are closed; in-flight requests get the grace period.
+    tracker.close();
+    let grace = shared.current.load().config.shutdown_timeout;
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            "{} connections still open at the shutdown deadline; closing them",
+            tracker.len()
+        );
+    }
+}
+
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener_idx: usize,
+    listener: TcpListener,
+    tracker: TaskTracker,
+) {
+    let mut shutdown = shared.shutdown.subscribe();
+    loop {
+        if *shutdown.borrow_and_update() {
+            return;
+        }
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = shutdown.changed() => return,
+        };
+        let (sock, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of descriptors or memory: back off instead of spinning.
+                if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23 || libc_emfile == 12 || libc_emfile == 105)
+                {
+                    tracing::warn!("accept: {e}; pausing 50 ms");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                continue;
+            }
+        };
+        let (max_total, max_per_ip) = {
+            let gen = shared.current.load();
+            (
+                gen.config.limits.max_connections,
+                gen.config.limits.max_connections_per_ip,
+            )
+        };
+        match shared.limiter.try_acquire(peer.ip(), max_total, max_per_ip) {
+            Ok(permit) => {
+                tracker.spawn(crate::conn::handle(
+                    shared.clone(),
+                    listener_idx,
+                    sock,
+                    peer,
+                    permit,
+                ));
+            }
+            Err(refusal) => {
+                shared
+                    .metrics
+                    .connections_rejected
+                    .get_or_create(&ReasonLabel {
+                        reason: refusal.reason(),
+                    })
+                    .inc();
+            }
+        }
+    }
+}

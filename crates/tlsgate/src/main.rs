@@ -1,0 +1,110 @@
+//! The `tlsgate` command: parses the command line and hands over to
+//! `tlsgate-server`. Exit status 0 on a clean stop, 2 on any usage or
+//! configuration error (nothing is started in that case).
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tlsgate_config::Overrides;
+use tlsgate_server::Launch;
+
+/// A TLS edge server: HTTPS termination, static files, metrics.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve HTTPS. Without --config: https://127.0.0.1:8443 serving the
+    /// sample site with a self-signed certificate, metrics on 127.0.0.1:9090.
+    Serve(ServeArgs),
+    /// Validate a configuration file (certificates, keys and roots too) without serving.
+    CheckConfig {
+        /// The TOML file.
+        file: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// TOML configuration file (see docs/config.md).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Listen address of the first listener; repeat for more addresses.
+    #[arg(long, value_name = "ADDR")]
+    listen: Vec<String>,
+    /// Document root of the first listener.
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Certificate chain (PEM) of the first listener; needs --key.
+    #[arg(long, value_name = "PEM", requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key (PEM) of the first listener; needs --cert.
+    #[arg(long, value_name = "PEM", requires = "cert")]
+    key: Option<PathBuf>,
+    /// Admin (metrics) listen address; "" disables it.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    workers: Option<u16>,
+}
+
+/// The sample site shipped in the repository.
+fn default_root() -> PathBuf {
+    let p = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../site"));
+    p.canonicalize().unwrap_or(p)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(a) => tlsgate_server::run(Launch {
+            config_path: a.config,
+            overrides: Overrides {
+                listen: a.listen,
+                root: a.root,
+                cert: a.cert,
+                key: a.key,
+                admin: a.admin,
+                workers: a.workers.map(usize::from),
+            },
+            default_root: default_root(),
+        }),
+        Command::CheckConfig { file } => tlsgate_server::check(&Launch {
+            config_path: Some(file.clone()),
+            overrides: Overrides::default(),
+            default_root: default_root(),
+        })
+        .map(|c| {
+            println!(
+                "{}: OK ({} listener(s), {} worker(s))",
+                file.display(),
+                c.listeners.len(),
+                c.workers
+            );
+        }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tlsgate: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
