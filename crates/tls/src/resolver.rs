@@ -28,12 +28,15 @@ impl NameSlot {
         }
     }
 
-    /// The first certificate whose key can sign with a scheme the client offered.
+    /// The first certificate whose key can sign with a scheme the client
+    /// offered. If none can, still the first one: rustls then fails suite or
+    /// scheme selection and answers `handshake_failure`, which tells the
+    /// client more than the `access_denied` of "no certificate".
     pub fn choose(&self, offered: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
-        self.ecdsa
-            .iter()
-            .chain(self.others.iter())
+        let mut all = self.ecdsa.iter().chain(self.others.iter());
+        all.clone()
             .find(|ck| ck.key.choose_scheme(offered).is_some())
+            .or_else(|| all.next())
             .cloned()
     }
 }
@@ -159,7 +162,11 @@ mod tests {
             &e.certified
         ));
         assert!(Arc::ptr_eq(&slot.choose(RSA_ONLY).unwrap(), &r.certified));
-        assert!(slot.choose(&[SignatureScheme::ED25519]).is_none());
+        // Nothing usable: the ECDSA one, so rustls reports the mismatch.
+        assert!(Arc::ptr_eq(
+            &slot.choose(&[SignatureScheme::ED25519]).unwrap(),
+            &e.certified
+        ));
         // The default keeps its RSA twin too.
         let d = store.lookup(None).unwrap();
         assert!(Arc::ptr_eq(&d.choose(RSA_ONLY).unwrap(), &r.certified));

@@ -1,0 +1,417 @@
+//! Test harness: runs the real `tlsgate` binary on free ports with a
+//! generated site and certificates, and talks to it with real peers
+//! (curl, openssl s_client, a rustls client, raw TCP).
+#![allow(dead_code, clippy::unwrap_used, missing_docs)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, ClientConnection, DigitallySignedStruct, SignatureScheme, StreamOwned};
+
+pub const HELLO: &str = "hello from the test site\n";
+
+/// A key pair written as PEM files.
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub der: Vec<u8>,
+}
+
+/// Writes a self-signed certificate for `names` with the given algorithm.
+pub fn make_cert(
+    dir: &Path,
+    stem: &str,
+    names: &[&str],
+    alg: &'static rcgen::SignatureAlgorithm,
+) -> CertFiles {
+    let key = rcgen::KeyPair::generate_for(alg).unwrap();
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    let cert = params.self_signed(&key).unwrap();
+    let c = dir.join(format!("{stem}.crt"));
+    let k = dir.join(format!("{stem}.key"));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    CertFiles {
+        cert: c,
+        key: k,
+        der: cert.der().to_vec(),
+    }
+}
+
+/// A temporary directory with a site, a default ECDSA certificate for
+/// localhost, and a secret file outside the site.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub cert: CertFiles,
+    pub big: Vec<u8>,
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("site");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("hello.txt"), HELLO).unwrap();
+        std::fs::write(root.join("index.html"), "<h1>index</h1>\n").unwrap();
+        std::fs::write(root.join("sub/index.html"), "<p>sub</p>\n").unwrap();
+        // 1 MiB + 7: not a multiple of any buffer size.
+        let big: Vec<u8> = (0..(1usize << 20) + 7)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        std::fs::write(root.join("big.bin"), &big).unwrap();
+        std::fs::write(dir.path().join("secret.txt"), "TOP SECRET\n").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret.txt"), root.join("escape.txt")).unwrap();
+        std::os::unix::fs::symlink("hello.txt", root.join("inside-link.txt")).unwrap();
+        let cert = make_cert(
+            dir.path(),
+            "localhost",
+            &["localhost"],
+            &rcgen::PKCS_ECDSA_P256_SHA256,
+        );
+        Fixture {
+            dir,
+            root,
+            cert,
+            big,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A complete config: `top` (any of [server], [limits], [tls],
+    /// [access_log]) then the admin and one listener with the default cert,
+    /// then `listener_extra` (more [[listener.certificate]] tables).
+    pub fn config(&self, top: &str, listener_extra: &str) -> String {
+        format!(
+            "{top}\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n{listener_extra}\n",
+            root = self.root,
+            cert = self.cert.cert,
+            key = self.cert.key,
+        )
+    }
+
+    pub fn write_config(&self, text: &str) -> PathBuf {
+        let p = self.path().join("tlsgate.toml");
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+}
+
+/// A running tlsgate.
+pub struct Server {
+    child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub stderr: Arc<Mutex<String>>,
+    pub stdout: Arc<Mutex<String>>,
+}
+
+fn pump(stream: impl Read + Send + 'static, into: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = String::new();
+        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+            into.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tlsgate")
+}
+
+impl Server {
+    /// Starts `tlsgate serve --config FILE` and waits until it listens.
+    pub fn start(fixture: &Fixture, config: &str) -> Server {
+        let path = fixture.write_config(config);
+        Server::spawn(&["serve", "--config", path.to_str().unwrap()])
+    }
+
+    pub fn spawn(args: &[&str]) -> Server {
+        let mut child = Command::new(bin())
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let stdout = Arc::new(Mutex::new(String::new()));
+        pump(child.stderr.take().unwrap(), stderr.clone());
+        pump(child.stdout.take().unwrap(), stdout.clone());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = stderr.lock().unwrap().clone();
+            let addr = find_after(&text, "listening on https://");
+            let admin = find_after(&text, "admin listening on http://");
+            let admin_wanted = !args
+                .windows(2)
+                .any(|w| w[0] == "--admin" && w[1].is_empty());
+            if let Some(addr) = addr {
+                if admin.is_some() || !admin_wanted {
+                    return Server {
+                        child,
+                        addr,
+                        admin,
+                        stderr,
+                        stdout,
+                    };
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("tlsgate exited with {status} before listening:\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tlsgate did not start within 20 s:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.addr.port())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal by name ("HUP", "TERM").
+    pub fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name} failed");
+    }
+
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tlsgate did not exit within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the server's log contains `needle`.
+    pub fn wait_log(&self, needle: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in the log within {limit:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn access_log(&self) -> String {
+        self.stdout.lock().unwrap().clone()
+    }
+
+    /// `GET path` on the admin listener; the whole response.
+    pub fn admin_get(&self, path: &str) -> String {
+        let mut s = TcpStream::connect(self.admin.expect("admin listener")).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// Polls the metrics until `pred` holds for the text (the server counts
+    /// a handshake after the client may already have moved on).
+    pub fn metrics_when(&self, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = self.admin_get("/metrics");
+            if pred(&text) || Instant::now() > deadline {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The value of a metric sample line (exact name with labels).
+    pub fn metric(&self, sample: &str) -> f64 {
+        let text = self.admin_get("/metrics");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0.0)
+    }
+
+    /// Runs curl against this server, resolving localhost to its address.
+    pub fn curl(&self, args: &[&str]) -> Output {
+        let resolve = format!("localhost:{}:127.0.0.1", self.addr.port());
+        Command::new("curl")
+            .args(["-sS", "-k", "--max-time", "20", "--resolve", &resolve])
+            .args(args)
+            .output()
+            .expect("curl must be installed (./dev setup installs it)")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn find_after(text: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = &text[text.find(marker)? + marker.len()..];
+    let end = rest.find(|c: char| c == '/' || c.is_whitespace())?;
+    rest[..end].parse().ok()
+}
+
+/// Accepts any certificate: these tests check what the server sends, not
+/// its trust (it is self-signed).
+#[derive(Debug)]
+pub struct NoVerify;
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+pub fn provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::aws_lc_rs::default_provider()
+}
+
+/// A rustls client config that accepts any server certificate.
+pub fn client_config(versions: &[&'static rustls::SupportedProtocolVersion]) -> ClientConfig {
+    let mut c = ClientConfig::builder_with_provider(Arc::new(provider()))
+        .with_protocol_versions(versions)
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NoVerify))
+        .with_no_client_auth();
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    c
+}
+
+pub type TlsStream = StreamOwned<ClientConnection, TcpStream>;
+
+/// Connects with rustls to the server under `sni`, completing the handshake.
+pub fn tls_connect_with(
+    addr: SocketAddr,
+    sni: &str,
+    config: ClientConfig,
+) -> Result<TlsStream, std::io::Error> {
+    let sock = TcpStream::connect(addr)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let conn = ClientConnection::new(
+        Arc::new(config),
+        ServerName::try_from(sni.to_string()).unwrap(),
+    )
+    .unwrap();
+    let mut s = StreamOwned::new(conn, sock);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock)?;
+    }
+    Ok(s)
+}
+
+pub fn tls_connect(addr: SocketAddr) -> TlsStream {
+    tls_connect_with(addr, "localhost", client_config(rustls::DEFAULT_VERSIONS)).unwrap()
+}
+
+/// Sends raw bytes over TLS and reads everything until the server closes.
+pub fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+    let mut s = tls_connect(addr);
+    s.write_all(request).unwrap();
+    s.flush().unwrap();
+    read_to_close(&mut s)
+}
+
+/// Reads until close (clean or not) or a 10 s read timeout.
+pub fn read_to_close(s: &mut TlsStream) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Status codes of every response in a (possibly pipelined) answer.
+pub fn statuses(answer: &str) -> Vec<u16> {
+    answer
+        .match_indices("HTTP/1.1 ")
+        .filter_map(|(i, _)| answer.get(i + 9..i + 12)?.parse().ok())
+        .collect()
+}

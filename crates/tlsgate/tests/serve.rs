@@ -1,0 +1,490 @@
+//! Serving files over TLS 1.2 and 1.3 to real clients: curl, openssl
+//! s_client and rustls; certificate choice by SNI; HTTP features.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use rustls::pki_types::CertificateDer;
+
+fn body(out: &std::process::Output) -> Vec<u8> {
+    assert!(
+        out.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout.clone()
+}
+
+#[test]
+fn curl_fetches_byte_exact_over_tls13_and_tls12() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    for version in [&["--tlsv1.3"][..], &["--tlsv1.2", "--tls-max", "1.2"][..]] {
+        let mut args = version.to_vec();
+        args.push("");
+        let url = s.url("/hello.txt");
+        *args.last_mut().unwrap() = &url;
+        assert_eq!(body(&s.curl(&args)), HELLO.as_bytes());
+        let url = s.url("/big.bin");
+        *args.last_mut().unwrap() = &url;
+        assert_eq!(
+            body(&s.curl(&args)),
+            fx.big,
+            "1 MiB file differs ({version:?})"
+        );
+    }
+    let v = s.curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{ssl_verify_result} %{http_version}",
+        &s.url("/"),
+    ]);
+    assert!(v.status.success());
+    assert!(s.metric(r#"tlsgate_requests_total{class="2xx"}"#) >= 4.0);
+}
+
+#[test]
+fn negotiated_parameters_and_metrics() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let mut c = tls_connect(s.addr);
+    assert_eq!(
+        c.conn.protocol_version(),
+        Some(rustls::ProtocolVersion::TLSv1_3)
+    );
+    assert_eq!(c.conn.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let group = c.conn.negotiated_key_exchange_group().unwrap().name();
+    assert_eq!(
+        group,
+        rustls::NamedGroup::X25519,
+        "the client's first key share"
+    );
+    c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let answer = read_to_close(&mut c);
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with(HELLO), "{answer}");
+
+    // Each group the server supports can be negotiated alone.
+    for g in [
+        rustls::crypto::aws_lc_rs::kx_group::X25519MLKEM768,
+        rustls::crypto::aws_lc_rs::kx_group::X25519,
+        rustls::crypto::aws_lc_rs::kx_group::SECP256R1,
+        rustls::crypto::aws_lc_rs::kx_group::SECP384R1,
+    ] {
+        let mut p = provider();
+        p.kx_groups = vec![g];
+        let cfg = rustls::ClientConfig::builder_with_provider(p.into())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(NoVerify))
+            .with_no_client_auth();
+        let c = tls_connect_with(s.addr, "localhost", cfg).unwrap();
+        assert_eq!(
+            c.conn.negotiated_key_exchange_group().unwrap().name(),
+            g.name()
+        );
+    }
+    let text = s.metrics_when(|t| t.contains("tlsgate_handshake_seconds_count 5"));
+    assert!(text.contains("200 OK"), "{text}");
+    assert!(
+        text.contains(r#"tlsgate_handshakes_total{version="TLSv1.3",cipher="TLS13_AES_128_GCM_SHA256",group="X25519",resumed="false"} 1"#),
+        "{text}"
+    );
+    for g in ["X25519MLKEM768", "secp256r1", "secp384r1"] {
+        assert!(text.contains(&format!(r#"group="{g}""#)), "{g}: {text}");
+    }
+    assert!(text.contains("tlsgate_handshake_seconds_count 5"), "{text}");
+    assert!(s.metric("tlsgate_sent_bytes_total") > 0.0);
+    let health = s.admin_get("/healthz");
+    assert!(
+        health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"),
+        "{health}"
+    );
+}
+
+#[test]
+fn server_cipher_order_wins_and_weak_protocols_are_refused() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let port = s.addr.port().to_string();
+    let connect = format!("127.0.0.1:{port}");
+    // The client prefers ChaCha20; the server's order (AES-128-GCM first) wins.
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &connect, "-tls1_2", "-cipher"])
+        .arg("ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-ECDSA-AES128-GCM-SHA256")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Cipher is ECDHE-ECDSA-AES128-GCM-SHA256"),
+        "{text}"
+    );
+    for old in ["-tls1_1", "-tls1"] {
+        let out = Command::new("openssl")
+            .args([
+                "s_client",
+                "-connect",
+                &connect,
+                old,
+                "-cipher",
+                "DEFAULT@SECLEVEL=0",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(!out.status.success(), "{old} must be refused");
+        assert!(
+            text.contains("Cipher is (NONE)") || text.contains("Cipher    : 0000"),
+            "{old}: {text}"
+        );
+    }
+    // CBC and non-ECDHE suites are not offered at all.
+    let out = Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &connect,
+            "-tls1_2",
+            "-cipher",
+            "AES128-SHA:ECDHE-ECDSA-AES128-SHA",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "CBC suites must be refused");
+    assert!(s.metric(r#"tlsgate_handshake_failures_total{reason="no_shared_cipher"}"#) >= 1.0);
+}
+
+#[test]
+fn certificates_by_sni_wildcard_and_key_type() {
+    let fx = Fixture::new();
+    let d = fx.path();
+    let a_ec = make_cert(d, "a-ec", &["a.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let a_rsa = make_cert(d, "a-rsa", &["a.test"], &rcgen::PKCS_RSA_SHA256);
+    let wild = make_cert(d, "wild", &["*.w.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let extra = format!(
+        "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
+        a_ec.cert, a_ec.key, a_rsa.cert, a_rsa.key, wild.cert, wild.key
+    );
+    let s = Server::start(&fx, &fx.config("", &extra));
+    let served = |sni: &str, cfg: rustls::ClientConfig| -> Vec<u8> {
+        let c = tls_connect_with(s.addr, sni, cfg).unwrap();
+        let chain: &[CertificateDer<'_>] = c.conn.peer_certificates().unwrap();
+        chain[0].to_vec()
+    };
+    let any = || client_config(rustls::DEFAULT_VERSIONS);
+    assert_eq!(served("a.test", any()), a_ec.der, "ECDSA preferred");
+    assert_eq!(served("x.w.test", any()), wild.der, "wildcard");
+    assert_eq!(served("localhost", any()), fx.cert.der, "exact");
+    assert_eq!(
+        served("deep.x.w.test", any()),
+        fx.cert.der,
+        "wildcards cover one label: default"
+    );
+    assert_eq!(
+        served("unknown.test", any()),
+        fx.cert.der,
+        "unknown: default"
+    );
+
+    // A TLS 1.2 client that only does RSA suites gets the RSA certificate.
+    let mut p = provider();
+    p.cipher_suites =
+        vec![rustls::crypto::aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256];
+    let rsa_only = rustls::ClientConfig::builder_with_provider(p.into())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(NoVerify))
+        .with_no_client_auth();
+    assert_eq!(
+        served("a.test", rsa_only),
+        a_rsa.der,
+        "RSA for an RSA-only client"
+    );
+
+    // curl by name, through --resolve.
+    let out = s.curl(&[
+        "--resolve",
+        &format!("a.test:{}:127.0.0.1", s.addr.port()),
+        &format!("https://a.test:{}/hello.txt", s.addr.port()),
+    ]);
+    assert_eq!(body(&out), HELLO.as_bytes());
+}
+
+#[test]
+fn unknown_sni_is_refused_with_unrecognized_name_when_configured() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("[tls]\nunknown_sni = \"reject\"\n", ""));
+    assert!(tls_connect_with(s.addr, "localhost", client_config(rustls::DEFAULT_VERSIONS)).is_ok());
+    let err = tls_connect_with(
+        s.addr,
+        "other.test",
+        client_config(rustls::DEFAULT_VERSIONS),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        err.to_string().contains("UnrecognisedName")
+            || err.to_string().contains("UnrecognizedName"),
+        "{err}"
+    );
+    // No SNI at all (an IP address): refused too.
+    let out = Command::new("openssl")
+        .args([
+            "s_client",
+            "-connect",
+            &format!("127.0.0.1:{}", s.addr.port()),
+            "-noservername",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("unrecognized name"), "{text}");
+    assert_eq!(
+        s.metric(r#"tlsgate_handshake_failures_total{reason="unrecognized_name"}"#),
+        2.0
+    );
+}
+
+#[test]
+fn ranges_and_conditionals_with_curl() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let url = s.url("/big.bin");
+    let out = s.curl(&["-r", "1000-1999", &url]);
+    assert_eq!(body(&out), &fx.big[1000..2000]);
+    let out = s.curl(&["-r", "-10", "-D", "-", "-o", "/dev/null", &url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(head.starts_with("HTTP/1.1 206"), "{head}");
+    let len = fx.big.len();
+    assert!(
+        head.contains(&format!(
+            "Content-Range: bytes {}-{}/{len}",
+            len - 10,
+            len - 1
+        )),
+        "{head}"
+    );
+    let out = s.curl(&["-r", &format!("{len}-"), "-D", "-", "-o", "/dev/null", &url]);
+    let head = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(head.starts_with("HTTP/1.1 416"), "{head}");
+    assert!(
+        head.contains(&format!("Content-Range: bytes */{len}")),
+        "{head}"
+    );
+
+    // Validators: ETag and Last-Modified give 304.
+    let out = s.curl(&["-D", "-", "-o", "/dev/null", &s.url("/hello.txt")]);
+    let head = String::from_utf8_lossy(&out.stdout).to_string();
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} in {head}"))
+            .trim()
+            .to_string()
+    };
+    let etag = header("ETag");
+    let last_modified = header("Last-Modified");
+    assert_eq!(header("Content-Type"), "text/plain; charset=utf-8");
+    assert!(!header("Date").is_empty() && header("Server") == "tlsgate");
+    let code = |extra: &str| {
+        let out = s.curl(&[
+            "-H",
+            extra,
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            &s.url("/hello.txt"),
+        ]);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(code(&format!("If-None-Match: {etag}")), "304");
+    assert_eq!(code("If-None-Match: \"other\""), "200");
+    assert_eq!(code(&format!("If-Modified-Since: {last_modified}")), "304");
+    assert_eq!(
+        code("If-Modified-Since: Thu, 01 Jan 1970 00:00:00 GMT"),
+        "200"
+    );
+    assert_eq!(code("If-Match: \"other\""), "412");
+    // If-Range with a stale validator gives the whole file.
+    let out = s.curl(&[
+        "-r",
+        "0-4",
+        "-H",
+        "If-Range: \"stale\"",
+        &s.url("/hello.txt"),
+    ]);
+    assert_eq!(body(&out), HELLO.as_bytes());
+    let out = s.curl(&[
+        "-r",
+        "0-4",
+        "-H",
+        &format!("If-Range: {etag}"),
+        &s.url("/hello.txt"),
+    ]);
+    assert_eq!(body(&out), &HELLO.as_bytes()[..5]);
+}
+
+#[test]
+fn paths_index_redirect_and_traversal_with_curl() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let get = |path: &str| {
+        let out = s.curl(&[
+            "--path-as-is",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code} %{redirect_url}",
+            &s.url(path),
+        ]);
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(get("/").starts_with("<h1>index</h1>"));
+    assert!(get("/sub/").starts_with("<p>sub</p>"));
+    assert!(
+        get("/sub").ends_with(&format!("301 {}", s.url("/sub/"))),
+        "{}",
+        get("/sub")
+    );
+    assert!(get("/nope.txt").ends_with("404 "));
+    for evil in [
+        "/../secret.txt",
+        "/%2e%2e/secret.txt",
+        "/sub/..%2f..%2fsecret.txt",
+        "/escape.txt",
+        "/%00",
+    ] {
+        let answer = get(evil);
+        assert!(!answer.contains("TOP SECRET"), "{evil} leaked: {answer}");
+        assert!(
+            answer.ends_with("400 ") || answer.ends_with("403 ") || answer.ends_with("404 "),
+            "{evil}: {answer}"
+        );
+    }
+    assert!(get("/inside-link.txt").starts_with(HELLO));
+}
+
+#[test]
+fn symlinks_out_of_the_root_only_when_allowed() {
+    let fx = Fixture::new();
+    let cfg = fx.config("", "").replace(
+        "[[listener.certificate]]",
+        "allow_symlinks_outside_root = true\n\n[[listener.certificate]]",
+    );
+    let s = Server::start(&fx, &cfg);
+    let out = s.curl(&[&s.url("/escape.txt")]);
+    assert_eq!(body(&out), b"TOP SECRET\n");
+    let out = s.curl(&[
+        "--path-as-is",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &s.url("/../secret.txt"),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "400",
+        "`..` never escapes"
+    );
+}
+
+#[test]
+fn keep_alive_serves_many_requests_on_one_connection() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let mut c = tls_connect(s.addr);
+    for i in 0..50 {
+        c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(HELLO.as_bytes()) {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "closed after {i} requests");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200 OK\r\n"));
+    }
+    assert_eq!(s.metric("tlsgate_connections_total"), 1.0);
+    // HTTP/1.0 without keep-alive is closed after the answer.
+    let answer = raw_exchange(s.addr, b"GET /hello.txt HTTP/1.0\r\n\r\n");
+    assert!(
+        answer.contains("Connection: close") && answer.ends_with(HELLO),
+        "{answer}"
+    );
+}
+
+#[test]
+fn access_log_lines_in_combined_and_json_formats() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    s.curl(&["-A", "test-agent/1", &s.url("/hello.txt")]);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = s.access_log();
+    assert!(
+        log.contains("\"GET /hello.txt HTTP/1.1\" 200 25 \"-\" \"test-agent/1\""),
+        "{log}"
+    );
+    drop(s);
+
+    let file = fx.path().join("access.json");
+    let top = format!("[access_log]\ntarget = {:?}\nformat = \"json\"\n", file);
+    let s = Server::start(&fx, &fx.config(&top, ""));
+    s.curl(&["-A", "json-agent", &s.url("/nope")]);
+    std::thread::sleep(Duration::from_millis(300));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("\"status\":404") && text.contains("\"user_agent\":\"json-agent\""),
+        "{text}"
+    );
+    assert!(text.contains("\"tls\":\"TLSv1.3\""), "{text}");
+}
+
+#[test]
+fn embedded_default_serves_the_sample_site() {
+    // `tlsgate serve` alone: 127.0.0.1:8443 and the admin on 9090, unless
+    // another test or a developer's server holds them; the flags give free
+    // ports but keep everything else built in.
+    let s = Server::spawn(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--workers",
+        "1",
+    ]);
+    let log = s.log();
+    assert!(log.contains("self-signed"), "{log}");
+    let out = s.curl(&[&s.url("/hello.txt")]);
+    let sample =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../site/hello.txt")).unwrap();
+    assert_eq!(body(&out), sample);
+    let out = s.curl(&[
+        "-w",
+        "%{http_code}",
+        "-o",
+        "/dev/null",
+        &format!("https://127.0.0.1:{}/", s.addr.port()),
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "IP SAN / no SNI is served"
+    );
+}
