@@ -95,7 +95,7 @@ fn negotiated_parameters_and_metrics() {
     let text = s.metrics_when(|t| t.contains("tlsgate_handshake_seconds_count 5"));
     assert!(text.contains("200 OK"), "{text}");
     assert!(
-        text.contains(r#"tlsgate_handshakes_total{version="TLSv1.3",cipher="TLS13_AES_128_GCM_SHA256",group="X25519",resumed="false"} 1"#),
+        text.contains(r#"tlsgate_handshakes_total{version="TLSv1.3",cipher="TLS13_AES_128_GCM_SHA256",group="X25519",resumed="false"} 2"#),
         "{text}"
     );
     for g in ["X25519MLKEM768", "secp256r1", "secp384r1"] {
