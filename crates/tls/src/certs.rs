@@ -61,6 +61,9 @@ pub fn load(files: &tlsgate_config::CertificateFiles) -> Result<LoadedCert, Cert
             "expected at least one CERTIFICATE block".into(),
         ));
     }
+    // Parse the leaf now so a broken certificate is blamed on `cert`, not
+    // on the key check below.
+    let san_names = dns_names(&chain[0]).map_err(|problem| err("cert", &files.cert, problem))?;
     let key_pem = Zeroizing::new(
         std::fs::read(&files.key)
             .map_err(|e| err("key", &files.key, format!("cannot read: {e}")))?,
@@ -87,9 +90,7 @@ pub fn load(files: &tlsgate_config::CertificateFiles) -> Result<LoadedCert, Cert
     })?;
     let names = match &files.names {
         Some(n) => n.iter().map(|s| s.to_ascii_lowercase()).collect(),
-        None => {
-            dns_names(&certified.cert[0]).map_err(|problem| err("cert", &files.cert, problem))?
-        }
+        None => san_names,
     };
     if names.is_empty() && !files.default {
         return Err(err(

@@ -1,0 +1,231 @@
+//! The process's life: config checks and exit codes, reload on SIGHUP
+//! under load, graceful shutdown on SIGTERM.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin()).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_accepts_good_and_names_file_key_and_expectation() {
+    let fx = Fixture::new();
+    let good = fx.write_config(&fx.config("", ""));
+    let (code, out, err) = run(&["check-config", good.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("OK"), "{out}");
+
+    let cases: &[(&str, &str)] = &[
+        ("[limits]\nheader_timeout = \"soon\"\n", "limits.header_timeout"),
+        ("[tls]\nversions = [\"1.0\"]\n", "tls.versions"),
+        ("[server]\nworkers = 0.5\n", "server.workers"),
+        ("[bogus]\n", "bogus"),
+    ];
+    for (top, key) in cases {
+        let p = fx.write_config(&fx.config(top, ""));
+        let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{top}: {err}");
+        assert!(err.contains("tlsgate.toml") && err.contains(key), "{top}: {err}");
+    }
+    // A key that does not belong to the certificate: caught by check-config.
+    let other = make_cert(fx.path(), "other", &["other"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let text = fx.config("", "").replace(fx.cert.key.to_str().unwrap(), other.key.to_str().unwrap());
+    let p = fx.write_config(&text);
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("listener[0].certificate[0].key") && err.contains("does not match"), "{err}");
+    assert!(!err.contains("PRIVATE KEY"), "never print key material: {err}");
+    let (code, _, err) = run(&["check-config", "/nonexistent/tlsgate.toml"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/nonexistent/tlsgate.toml") && err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_nothing_is_half_started() {
+    let (code, _, err) = run(&["serve", "--workers", "0"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = run(&["serve", "--cert", "x.pem"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, _) = run(&["frobnicate"]);
+    assert_eq!(code, 2);
+    let (code, _, err) = run(&["serve", "--listen", "not-an-address"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--listen") || err.contains("listen"), "{err}");
+
+    // The first listener is fine, the second's certificate is broken: the
+    // process must exit 2 without ever listening on the first.
+    let fx = Fixture::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let broken = fx.path().join("broken.pem");
+    std::fs::write(&broken, "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n").unwrap();
+    let text = format!(
+        "{}\n[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = {:?}\n[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
+        fx.config("", "").replace("127.0.0.1:0\"]", &format!("127.0.0.1:{port}\"]")),
+        fx.root,
+        broken,
+        fx.cert.key
+    );
+    let p = fx.write_config(&text);
+    let mut child = Command::new(bin())
+        .args(["serve", "--config", p.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "listened before validating everything");
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains("listener[1].certificate[0].cert"), "{err}");
+
+    // A port already taken: exit 2 naming the key.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let (code, _, err) = run(&["serve", "--listen", &addr, "--admin", ""]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("listener[0].listen") && err.contains("bind"), "{err}");
+}
+
+/// Fetches /hello.txt on a new connection; returns the leaf certificate.
+fn fetch_cert(addr: std::net::SocketAddr) -> Result<Vec<u8>, String> {
+    let mut c = tls_connect_with(addr, "localhost", client_config(rustls::DEFAULT_VERSIONS)).map_err(|e| e.to_string())?;
+    let leaf = c.conn.peer_certificates().ok_or("no certificate")?[0].to_vec();
+    c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    let answer = read_to_close(&mut c);
+    if answer.starts_with("HTTP/1.1 200") && answer.ends_with(HELLO) {
+        Ok(leaf)
+    } else {
+        Err(format!("bad answer: {answer:?}"))
+    }
+}
+
+#[test]
+fn sighup_swaps_certificates_under_load_without_a_failed_request() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let old = fx.cert.der.clone();
+    let addr = s.addr;
+
+    // A keep-alive connection made before the reload must keep working.
+    let mut long_lived = tls_connect(addr);
+    long_lived.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
+    let done = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, seen, failures, done) = (stop.clone(), seen.clone(), failures.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match fetch_cert(addr) {
+                        Ok(leaf) => {
+                            let mut seen = seen.lock().unwrap();
+                            if seen.last() != Some(&leaf) {
+                                seen.push(leaf);
+                            }
+                        }
+                        Err(e) => failures.lock().unwrap().push(e),
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // New certificate and key in place, then SIGHUP.
+    let fresh = make_cert(fx.path(), "fresh", &["localhost"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    std::fs::copy(&fresh.cert, &fx.cert.cert).unwrap();
+    std::fs::copy(&fresh.key, &fx.cert.key).unwrap();
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+
+    // A broken config is refused and the running one keeps serving.
+    std::fs::write(fx.path().join("tlsgate.toml"), "this is [not toml").unwrap();
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    let failures = failures.lock().unwrap();
+    assert!(failures.is_empty(), "{} failed requests: {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    let seen = seen.lock().unwrap();
+    assert!(done.load(Ordering::Relaxed) > 20, "too few requests to mean anything");
+    assert_eq!(seen.first(), Some(&old));
+    assert!(seen.contains(&fresh.der), "new certificate never served");
+    assert_eq!(fetch_cert(addr).unwrap(), fresh.der);
+    assert!(s.log().contains("tlsgate.toml"), "the refusal names the file");
+    assert_eq!(s.metric(r#"tlsgate_reloads_total{result="ok"}"#), 1.0);
+    assert_eq!(s.metric(r#"tlsgate_reloads_total{result="error"}"#), 1.0);
+
+    // The connection from before the reload still answers.
+    long_lived.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    let answer = read_to_close(&mut long_lived);
+    assert_eq!(statuses(&answer), vec![200, 200], "{answer}");
+}
+
+#[test]
+fn sigterm_finishes_requests_in_flight_then_exits_0() {
+    let fx = Fixture::new();
+    // 48 MiB: more than socket buffers hold, so the response is still being
+    // written when the signal arrives.
+    let big: Vec<u8> = (0..48usize << 20).map(|i| (i % 253) as u8).collect();
+    std::fs::write(fx.root.join("huge.bin"), &big).unwrap();
+    let mut s = Server::start(&fx, &fx.config("[server]\nshutdown_timeout = \"30s\"\n", ""));
+    let url = s.url("/huge.bin");
+    let port = s.addr.port();
+    let downloader = {
+        let resolve = format!("localhost:{port}:127.0.0.1");
+        std::thread::spawn(move || {
+            Command::new("curl")
+                .args(["-sS", "-k", "--limit-rate", "16M", "--resolve", &resolve, &url])
+                .output()
+                .unwrap()
+        })
+    };
+    // An idle keep-alive connection is closed at shutdown.
+    let mut idle = tls_connect(s.addr);
+    idle.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut buf = [0u8; 4096];
+    let _ = idle.read(&mut buf).unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    s.signal("TERM");
+    s.wait_log("shutting down", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(TcpStream::connect(s.addr).is_err(), "still accepting after SIGTERM");
+    let t = Instant::now();
+    let rest = read_to_close(&mut idle);
+    assert!(t.elapsed() < Duration::from_secs(5) && !rest.contains("HTTP/1.1"), "idle connection not closed: {rest:?}");
+    let status = s.wait_exit(Duration::from_secs(40));
+    let out = downloader.join().unwrap();
+    assert!(out.status.success(), "download cut: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout == big, "download differs: {} of {} bytes", out.stdout.len(), big.len());
+    assert_eq!(status.code(), Some(0), "{}", s.log());
+    assert!(s.log().contains("stopped"));
+}
