@@ -1432,3 +1432,26 @@ fn slow_heads_get_408_and_idle_connections_close_silently() {
     assert!(rest.is_empty() && ans.closed, "{}", show(&ans.bytes));
     healthy(&srv).unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn zz_probe() {
+    let env = start();
+    let srv = &env.server;
+    for req in [
+        &b"GET /missing HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n"[..],
+        b"POST /hello.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n",
+        b"GET /sub HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n",
+        b"GET /hello.txt HTTP/1.0\r\nConnection: keep-alive\r\nIf-None-Match: *\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n",
+        b"GET https://localhost HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        b"GET https://localhost?x=1 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        b"GET https://localhost:443/hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5,\r\nConnection: close\r\n\r\nhello",
+        b"GET /hello.txt HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n",
+        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: CLOSE\r\n\r\n",
+        b"GET /sub?a=b HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    ] {
+        let ans = exchange(srv, req);
+        eprintln!("PROBE {}\n  => closed={} {}\n", show(req), ans.closed, show(&ans.bytes));
+    }
+}
