@@ -37,7 +37,7 @@ impl SelfSignedCache {
                 let made = tlsgate_tls::self_signed().map_err(|e| e.to_string())?;
                 tracing::info!(
                     "generated a self-signed ECDSA P-256 certificate for localhost, 127.0.0.1 and ::1, \
-                     valid 30 days; clients must skip verification (curl -k)"
+                     valid 90 days; clients must skip verification (curl -k)"
                 );
                 Ok(made.loaded)
             })

@@ -125,7 +125,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                             Ok(_) => return End::Done,
                             Err(_) => {
                                 // RFC 9110 408, then close.
-                                simple(&mut out, cx, 408, false, false, &[]);
+                                simple(&mut out, cx, 408, false, false, false, &[]);
                                 let _ = send(io, &mut out, cx).await;
                                 close(io).await;
                                 return End::Timeout("header");
@@ -162,7 +162,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 let status = e.status();
                 tracing::debug!(peer = %cx.peer, "bad request: {e}");
                 let t0 = Instant::now();
-                let bytes = simple(&mut out, cx, status, false, false, &[]);
+                let bytes = simple(&mut out, cx, status, false, false, false, &[]);
                 log_request(cx, None, status, bytes, t0, SystemTime::now());
                 let _ = send(io, &mut out, cx).await;
                 close(io).await;
@@ -209,6 +209,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                     &mut out,
                     cx,
                     status,
+                    false,
                     false,
                     head.method() == &Method::Head,
                     &[],
@@ -342,11 +343,12 @@ fn simple(
     cx: &HttpCtx<'_>,
     status: u16,
     keep_alive: bool,
+    http10: bool,
     head_only: bool,
     extra: &[(&str, &[u8])],
 ) -> u64 {
     let reason = reason_phrase(status);
-    common_head(out, cx, status, keep_alive, false);
+    common_head(out, cx, status, keep_alive, http10);
     for (name, value) in extra {
         write_header(out, name, value);
     }
@@ -377,7 +379,7 @@ async fn respond<T: Transport + Send>(
     let http10 = head.version() == Version::Http10;
     let plain = |out: &mut Vec<u8>, status: u16, extra: &[(&str, &[u8])]| Answered {
         status,
-        body_bytes: simple(out, cx, status, keep_alive, is_head, extra),
+        body_bytes: simple(out, cx, status, keep_alive, http10, is_head, extra),
     };
     match head.method() {
         Method::Get | Method::Head => {}

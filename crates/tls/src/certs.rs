@@ -138,7 +138,7 @@ pub struct SelfSigned {
 }
 
 /// Makes an ECDSA P-256 certificate for localhost, 127.0.0.1 and ::1,
-/// valid from an hour ago for 30 days (short, as a throw-away should be).
+/// valid from an hour ago for 90 days (short, as a throw-away should be).
 pub fn self_signed() -> Result<SelfSigned, rcgen::Error> {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut params = rcgen::CertificateParams::new(vec![
@@ -152,7 +152,7 @@ pub fn self_signed() -> Result<SelfSigned, rcgen::Error> {
     params.distinguished_name = dn;
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::hours(1);
-    params.not_after = now + time::Duration::days(30);
+    params.not_after = now + time::Duration::days(90);
     params.is_ca = rcgen::IsCa::ExplicitNoCa;
     params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];

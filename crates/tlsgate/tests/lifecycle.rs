@@ -31,7 +31,10 @@ fn check_config_accepts_good_and_names_file_key_and_expectation() {
     assert!(out.contains("OK"), "{out}");
 
     let cases: &[(&str, &str)] = &[
-        ("[limits]\nheader_timeout = \"soon\"\n", "limits.header_timeout"),
+        (
+            "[limits]\nheader_timeout = \"soon\"\n",
+            "limits.header_timeout",
+        ),
         ("[tls]\nversions = [\"1.0\"]\n", "tls.versions"),
         ("[server]\nworkers = 0.5\n", "server.workers"),
         ("[bogus]\n", "bogus"),
@@ -40,19 +43,38 @@ fn check_config_accepts_good_and_names_file_key_and_expectation() {
         let p = fx.write_config(&fx.config(top, ""));
         let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
         assert_eq!(code, 2, "{top}: {err}");
-        assert!(err.contains("tlsgate.toml") && err.contains(key), "{top}: {err}");
+        assert!(
+            err.contains("tlsgate.toml") && err.contains(key),
+            "{top}: {err}"
+        );
     }
     // A key that does not belong to the certificate: caught by check-config.
-    let other = make_cert(fx.path(), "other", &["other"], &rcgen::PKCS_ECDSA_P256_SHA256);
-    let text = fx.config("", "").replace(fx.cert.key.to_str().unwrap(), other.key.to_str().unwrap());
+    let other = make_cert(
+        fx.path(),
+        "other",
+        &["other"],
+        &rcgen::PKCS_ECDSA_P256_SHA256,
+    );
+    let text = fx
+        .config("", "")
+        .replace(fx.cert.key.to_str().unwrap(), other.key.to_str().unwrap());
     let p = fx.write_config(&text);
     let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
     assert_eq!(code, 2);
-    assert!(err.contains("listener[0].certificate[0].key") && err.contains("does not match"), "{err}");
-    assert!(!err.contains("PRIVATE KEY"), "never print key material: {err}");
+    assert!(
+        err.contains("listener[0].certificate[0].key") && err.contains("does not match"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("PRIVATE KEY"),
+        "never print key material: {err}"
+    );
     let (code, _, err) = run(&["check-config", "/nonexistent/tlsgate.toml"]);
     assert_eq!(code, 2);
-    assert!(err.contains("/nonexistent/tlsgate.toml") && err.contains("cannot read"), "{err}");
+    assert!(
+        err.contains("/nonexistent/tlsgate.toml") && err.contains("cannot read"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -70,9 +92,17 @@ fn usage_errors_exit_2_and_nothing_is_half_started() {
     // The first listener is fine, the second's certificate is broken: the
     // process must exit 2 without ever listening on the first.
     let fx = Fixture::new();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let broken = fx.path().join("broken.pem");
-    std::fs::write(&broken, "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n").unwrap();
+    std::fs::write(
+        &broken,
+        "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
     let text = format!(
         "{}\n[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = {:?}\n[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
         fx.config("", "").replace("127.0.0.1:0\"]", &format!("127.0.0.1:{port}\"]")),
@@ -88,7 +118,10 @@ fn usage_errors_exit_2_and_nothing_is_half_started() {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
-        assert!(TcpStream::connect(("127.0.0.1", port)).is_err(), "listened before validating everything");
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "listened before validating everything"
+        );
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
@@ -96,7 +129,12 @@ fn usage_errors_exit_2_and_nothing_is_half_started() {
         std::thread::sleep(Duration::from_millis(5));
     };
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert_eq!(status.code(), Some(2), "{err}");
     assert!(err.contains("listener[1].certificate[0].cert"), "{err}");
 
@@ -105,14 +143,19 @@ fn usage_errors_exit_2_and_nothing_is_half_started() {
     let addr = taken.local_addr().unwrap().to_string();
     let (code, _, err) = run(&["serve", "--listen", &addr, "--admin", ""]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("listener[0].listen") && err.contains("bind"), "{err}");
+    assert!(
+        err.contains("listener[0].listen") && err.contains("bind"),
+        "{err}"
+    );
 }
 
 /// Fetches /hello.txt on a new connection; returns the leaf certificate.
 fn fetch_cert(addr: std::net::SocketAddr) -> Result<Vec<u8>, String> {
-    let mut c = tls_connect_with(addr, "localhost", client_config(rustls::DEFAULT_VERSIONS)).map_err(|e| e.to_string())?;
+    let mut c = tls_connect_with(addr, "localhost", client_config(rustls::DEFAULT_VERSIONS))
+        .map_err(|e| e.to_string())?;
     let leaf = c.conn.peer_certificates().ok_or("no certificate")?[0].to_vec();
-    c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
+    c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
     let answer = read_to_close(&mut c);
     if answer.starts_with("HTTP/1.1 200") && answer.ends_with(HELLO) {
         Ok(leaf)
@@ -130,7 +173,9 @@ fn sighup_swaps_certificates_under_load_without_a_failed_request() {
 
     // A keep-alive connection made before the reload must keep working.
     let mut long_lived = tls_connect(addr);
-    long_lived.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    long_lived
+        .write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
@@ -138,7 +183,8 @@ fn sighup_swaps_certificates_under_load_without_a_failed_request() {
     let done = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..2)
         .map(|_| {
-            let (stop, seen, failures, done) = (stop.clone(), seen.clone(), failures.clone(), done.clone());
+            let (stop, seen, failures, done) =
+                (stop.clone(), seen.clone(), failures.clone(), done.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     match fetch_cert(addr) {
@@ -157,7 +203,12 @@ fn sighup_swaps_certificates_under_load_without_a_failed_request() {
         .collect();
     std::thread::sleep(Duration::from_millis(300));
     // New certificate and key in place, then SIGHUP.
-    let fresh = make_cert(fx.path(), "fresh", &["localhost"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let fresh = make_cert(
+        fx.path(),
+        "fresh",
+        &["localhost"],
+        &rcgen::PKCS_ECDSA_P256_SHA256,
+    );
     std::fs::copy(&fresh.cert, &fx.cert.cert).unwrap();
     std::fs::copy(&fresh.key, &fx.cert.key).unwrap();
     s.signal("HUP");
@@ -174,18 +225,31 @@ fn sighup_swaps_certificates_under_load_without_a_failed_request() {
         c.join().unwrap();
     }
     let failures = failures.lock().unwrap();
-    assert!(failures.is_empty(), "{} failed requests: {:?}", failures.len(), &failures[..failures.len().min(3)]);
+    assert!(
+        failures.is_empty(),
+        "{} failed requests: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
     let seen = seen.lock().unwrap();
-    assert!(done.load(Ordering::Relaxed) > 20, "too few requests to mean anything");
+    assert!(
+        done.load(Ordering::Relaxed) > 20,
+        "too few requests to mean anything"
+    );
     assert_eq!(seen.first(), Some(&old));
     assert!(seen.contains(&fresh.der), "new certificate never served");
     assert_eq!(fetch_cert(addr).unwrap(), fresh.der);
-    assert!(s.log().contains("tlsgate.toml"), "the refusal names the file");
+    assert!(
+        s.log().contains("tlsgate.toml"),
+        "the refusal names the file"
+    );
     assert_eq!(s.metric(r#"tlsgate_reloads_total{result="ok"}"#), 1.0);
     assert_eq!(s.metric(r#"tlsgate_reloads_total{result="error"}"#), 1.0);
 
     // The connection from before the reload still answers.
-    long_lived.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    long_lived
+        .write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let answer = read_to_close(&mut long_lived);
     assert_eq!(statuses(&answer), vec![200, 200], "{answer}");
 }
@@ -197,35 +261,62 @@ fn sigterm_finishes_requests_in_flight_then_exits_0() {
     // written when the signal arrives.
     let big: Vec<u8> = (0..48usize << 20).map(|i| (i % 253) as u8).collect();
     std::fs::write(fx.root.join("huge.bin"), &big).unwrap();
-    let mut s = Server::start(&fx, &fx.config("[server]\nshutdown_timeout = \"30s\"\n", ""));
+    let mut s = Server::start(
+        &fx,
+        &fx.config("[server]\nshutdown_timeout = \"30s\"\n", ""),
+    );
     let url = s.url("/huge.bin");
     let port = s.addr.port();
     let downloader = {
         let resolve = format!("localhost:{port}:127.0.0.1");
         std::thread::spawn(move || {
             Command::new("curl")
-                .args(["-sS", "-k", "--limit-rate", "16M", "--resolve", &resolve, &url])
+                .args([
+                    "-sS",
+                    "-k",
+                    "--limit-rate",
+                    "16M",
+                    "--resolve",
+                    &resolve,
+                    &url,
+                ])
                 .output()
                 .unwrap()
         })
     };
     // An idle keep-alive connection is closed at shutdown.
     let mut idle = tls_connect(s.addr);
-    idle.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    idle.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
     let mut buf = [0u8; 4096];
     let _ = idle.read(&mut buf).unwrap();
     std::thread::sleep(Duration::from_millis(700));
     s.signal("TERM");
     s.wait_log("shutting down", Duration::from_secs(5));
     std::thread::sleep(Duration::from_millis(200));
-    assert!(TcpStream::connect(s.addr).is_err(), "still accepting after SIGTERM");
+    assert!(
+        TcpStream::connect(s.addr).is_err(),
+        "still accepting after SIGTERM"
+    );
     let t = Instant::now();
     let rest = read_to_close(&mut idle);
-    assert!(t.elapsed() < Duration::from_secs(5) && !rest.contains("HTTP/1.1"), "idle connection not closed: {rest:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5) && !rest.contains("HTTP/1.1"),
+        "idle connection not closed: {rest:?}"
+    );
     let status = s.wait_exit(Duration::from_secs(40));
     let out = downloader.join().unwrap();
-    assert!(out.status.success(), "download cut: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.stdout == big, "download differs: {} of {} bytes", out.stdout.len(), big.len());
+    assert!(
+        out.status.success(),
+        "download cut: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout == big,
+        "download differs: {} of {} bytes",
+        out.stdout.len(),
+        big.len()
+    );
     assert_eq!(status.code(), Some(0), "{}", s.log());
     assert!(s.log().contains("stopped"));
 }

@@ -21,7 +21,11 @@ fn closed_within<R: Read>(s: &mut R, limit: Duration) -> bool {
         match s.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => return true,
         }
     }
@@ -63,8 +67,11 @@ fn slowloris_connections_are_closed_while_a_normal_client_is_served() {
     let mut slow: Vec<TlsStream> = (0..SLOW)
         .map(|_| {
             let mut c = tls_connect(s.addr);
-            c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n").unwrap();
-            c.sock.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n")
+                .unwrap();
+            c.sock
+                .set_read_timeout(Some(Duration::from_millis(1)))
+                .unwrap();
             c
         })
         .collect();
@@ -77,8 +84,17 @@ fn slowloris_connections_are_closed_while_a_normal_client_is_served() {
         if !normal_served {
             let t = Instant::now();
             let out = s.curl(&[&s.url("/hello.txt")]);
-            assert_eq!(out.stdout, HELLO.as_bytes(), "{}", String::from_utf8_lossy(&out.stderr));
-            assert!(t.elapsed() < Duration::from_secs(1), "normal client waited {:?}", t.elapsed());
+            assert_eq!(
+                out.stdout,
+                HELLO.as_bytes(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                t.elapsed() < Duration::from_secs(1),
+                "normal client waited {:?}",
+                t.elapsed()
+            );
             normal_served = true;
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -91,9 +107,21 @@ fn slowloris_connections_are_closed_while_a_normal_client_is_served() {
         .map(|c| closed_within(c, Duration::from_millis(20)))
         .filter(|closed| !closed)
         .count();
-    assert_eq!(still_open, 0, "{still_open} slow connections survived the header timeout");
-    let text = s.metrics_when(|t| t.contains(&format!("tlsgate_timeouts_total{{reason=\"header\"}} {SLOW}")));
-    assert!(text.contains(&format!("tlsgate_timeouts_total{{reason=\"header\"}} {SLOW}")), "{text}");
+    assert_eq!(
+        still_open, 0,
+        "{still_open} slow connections survived the header timeout"
+    );
+    let text = s.metrics_when(|t| {
+        t.contains(&format!(
+            "tlsgate_timeouts_total{{reason=\"header\"}} {SLOW}"
+        ))
+    });
+    assert!(
+        text.contains(&format!(
+            "tlsgate_timeouts_total{{reason=\"header\"}} {SLOW}"
+        )),
+        "{text}"
+    );
     let out = s.curl(&[&s.url("/hello.txt")]);
     assert_eq!(out.stdout, HELLO.as_bytes());
 }
@@ -101,18 +129,35 @@ fn slowloris_connections_are_closed_while_a_normal_client_is_served() {
 #[test]
 fn silent_and_partial_handshakes_time_out() {
     let fx = Fixture::new();
-    let s = Server::start(&fx, &fx.config("[limits]\nhandshake_timeout = \"1s\"\n", ""));
+    let s = Server::start(
+        &fx,
+        &fx.config("[limits]\nhandshake_timeout = \"1s\"\n", ""),
+    );
     let mut silent = TcpStream::connect(s.addr).unwrap();
-    silent.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
     let mut partial = TcpStream::connect(s.addr).unwrap();
-    partial.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
-    partial.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).unwrap();
+    partial
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    partial
+        .write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .unwrap();
     let t = Instant::now();
     assert!(closed_within(&mut silent, Duration::from_secs(3)));
     assert!(closed_within(&mut partial, Duration::from_secs(3)));
-    assert!(t.elapsed() >= Duration::from_millis(800), "closed too early: {:?}", t.elapsed());
-    let text = s.metrics_when(|t| t.contains("tlsgate_handshake_failures_total{reason=\"timeout\"} 2"));
-    assert!(text.contains("tlsgate_handshake_failures_total{reason=\"timeout\"} 2"), "{text}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(800),
+        "closed too early: {:?}",
+        t.elapsed()
+    );
+    let text =
+        s.metrics_when(|t| t.contains("tlsgate_handshake_failures_total{reason=\"timeout\"} 2"));
+    assert!(
+        text.contains("tlsgate_handshake_failures_total{reason=\"timeout\"} 2"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -121,13 +166,22 @@ fn idle_keepalive_is_closed_and_requests_per_connection_capped() {
     let top = "[limits]\nkeepalive_timeout = \"1s\"\nmax_requests_per_connection = 3\n";
     let s = Server::start(&fx, &fx.config(top, ""));
     let mut c = tls_connect(s.addr);
-    c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
     let mut buf = [0u8; 4096];
     assert!(c.read(&mut buf).unwrap() > 0);
-    c.sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    c.sock
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
     let t = Instant::now();
-    assert!(closed_within(&mut c, Duration::from_secs(4)), "idle connection kept open");
-    assert!(t.elapsed() >= Duration::from_millis(700), "closed before the keep-alive timeout");
+    assert!(
+        closed_within(&mut c, Duration::from_secs(4)),
+        "idle connection kept open"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(700),
+        "closed before the keep-alive timeout"
+    );
     assert!(s.metric(r#"tlsgate_timeouts_total{reason="keepalive"}"#) >= 1.0);
 
     let five = b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(5);
@@ -143,10 +197,14 @@ fn slow_reader_is_cut_by_the_send_timeout() {
     std::fs::write(fx.root.join("huge.bin"), &big).unwrap();
     let s = Server::start(&fx, &fx.config("[limits]\nsend_timeout = \"1s\"\n", ""));
     let mut c = tls_connect(s.addr);
-    c.write_all(b"GET /huge.bin HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    c.write_all(b"GET /huge.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
     // Never read: the server's writes stall, then it gives up.
     let text = s.metrics_when(|t| t.contains("tlsgate_timeouts_total{reason=\"send\"} 1"));
-    assert!(text.contains("tlsgate_timeouts_total{reason=\"send\"} 1"), "{text}");
+    assert!(
+        text.contains("tlsgate_timeouts_total{reason=\"send\"} 1"),
+        "{text}"
+    );
     assert!(text.contains("tlsgate_connections_open 0"), "{text}");
 }
 
@@ -155,13 +213,20 @@ fn connection_caps_per_source_and_overall() {
     let fx = Fixture::new();
     let top = "[limits]\nmax_connections_per_ip = 5\nmax_connections = 8\n";
     let s = Server::start(&fx, &fx.config(top, ""));
-    let mut held: Vec<TlsStream> = (0..5).map(|_| tls_from("127.0.0.1", s.addr).unwrap()).collect();
+    let mut held: Vec<TlsStream> = (0..5)
+        .map(|_| tls_from("127.0.0.1", s.addr).unwrap())
+        .collect();
     // The sixth from the same source is closed before any TLS.
     let mut sixth = connect_from("127.0.0.1", s.addr).unwrap();
-    assert!(closed_within(&mut sixth, Duration::from_secs(2)), "sixth connection from one source accepted");
+    assert!(
+        closed_within(&mut sixth, Duration::from_secs(2)),
+        "sixth connection from one source accepted"
+    );
     // Another source is still served.
     let mut other = tls_from("127.0.0.2", s.addr).unwrap();
-    other.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    other
+        .write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
     let mut buf = [0u8; 4096];
     let n = other.read(&mut buf).unwrap();
     assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
@@ -170,14 +235,25 @@ fn connection_caps_per_source_and_overall() {
     held.push(tls_from("127.0.0.3", s.addr).unwrap());
     // Eight open: the global cap refuses a ninth from a fresh source.
     let mut ninth = connect_from("127.0.0.4", s.addr).unwrap();
-    assert!(closed_within(&mut ninth, Duration::from_secs(2)), "ninth connection accepted over the cap");
+    assert!(
+        closed_within(&mut ninth, Duration::from_secs(2)),
+        "ninth connection accepted over the cap"
+    );
     let text = s.admin_get("/metrics");
-    assert!(text.contains(r#"tlsgate_connections_rejected_total{reason="max_connections_per_ip"} 1"#), "{text}");
-    assert!(text.contains(r#"tlsgate_connections_rejected_total{reason="max_connections"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"tlsgate_connections_rejected_total{reason="max_connections_per_ip"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tlsgate_connections_rejected_total{reason="max_connections"} 1"#),
+        "{text}"
+    );
     // Closing one frees a slot.
     drop(held.pop());
     std::thread::sleep(Duration::from_millis(200));
     let mut again = tls_from("127.0.0.4", s.addr).unwrap();
-    again.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+    again
+        .write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
     assert!(read_to_close(&mut again).starts_with("HTTP/1.1 200"));
 }

@@ -1378,6 +1378,7 @@ fn heads_split_at_every_line_boundary_are_reassembled() {
         b"Connection: close\r\n\r",
         b"\n",
         b"GET /index.html HTTP/1.1\r\n",
+        // Never answered: the first request asked for a close.
         b"\r\n",
     ];
     let mut s = tls_connect(srv.addr);
@@ -1408,7 +1409,7 @@ fn heads_split_at_every_line_boundary_are_reassembled() {
 fn slow_heads_get_408_and_idle_connections_close_silently() {
     let fx = Fixture::new();
     let top =
-        "[server]\nworkers = 1\n\n[limits]\nheader_timeout = \"1s\"\nkeepalive_timeout = \"1s\"\n";
+        "[server]\nworkers = 1\n\n[limits]\nhandshake_timeout = \"1s\"\nheader_timeout = \"1s\"\nkeepalive_timeout = \"1s\"\n";
     let srv = Server::start(&fx, &fx.config(top, ""));
 
     // A head that never completes: 408 with Connection: close, then a close.
@@ -1425,6 +1426,26 @@ fn slow_heads_get_408_and_idle_connections_close_silently() {
         "408 after {took:?}"
     );
 
+    // A TLS record header announcing a ClientHello that never comes: the
+    // handshake times out, the socket is closed, and it is counted.
+    let timeouts = r#"tlsgate_handshake_failures_total{reason="timeout"}"#;
+    let before = srv.metric(timeouts);
+    let (reply, closed, took) = raw_tcp(&srv, b"\x16\x03\x01\x00\x50\x01");
+    assert!(closed, "stalled handshake still open after {took:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "stalled handshake closed after {took:?}"
+    );
+    assert!(
+        reply.is_empty() || reply.first() == Some(&0x15),
+        "stalled handshake got {reply:02x?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while srv.metric(timeouts) <= before {
+        assert!(Instant::now() < deadline, "{timeouts} did not rise");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
     // Idle after a complete exchange: closed without any response.
     let ans = exchange(&srv, b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n");
     let (resps, rest) = parse_responses(&ans.bytes, &[]);
@@ -1434,24 +1455,41 @@ fn slow_heads_get_408_and_idle_connections_close_silently() {
 }
 
 #[test]
-fn zz_probe() {
+fn http10_keep_alive_is_advertised_on_every_response_that_keeps_it() {
     let env = start();
     let srv = &env.server;
-    for req in [
-        &b"GET /missing HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n"[..],
-        b"POST /hello.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n",
-        b"GET /sub HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n",
-        b"GET /hello.txt HTTP/1.0\r\nConnection: keep-alive\r\nIf-None-Match: *\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n",
-        b"GET https://localhost HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-        b"GET https://localhost?x=1 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-        b"GET https://localhost:443/hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
-        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5,\r\nConnection: close\r\n\r\nhello",
-        b"GET /hello.txt HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n",
-        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: CLOSE\r\n\r\n",
-        b"GET /sub?a=b HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-    ] {
-        let ans = exchange(srv, req);
-        eprintln!("PROBE {}\n  => closed={} {}\n", show(req), ans.closed, show(&ans.bytes));
+    // Each first request asks for HTTP/1.0 keep-alive and the server keeps
+    // the connection (the second request is answered), so the first response
+    // must say `Connection: keep-alive` (RFC 9112 §9.3): without it an
+    // HTTP/1.0 client takes the connection as closing.
+    let cases: &[(&str, &str, u16)] = &[
+        ("GET /hello.txt", "", 200),
+        ("GET /hello.txt", "If-None-Match: *\r\n", 304),
+        ("GET /missing", "", 404),
+        ("GET /sub", "", 301),
+        ("GET /../x", "", 400),
+        ("GET /escape.txt", "", 403),
+        ("GET /hello.txt", "If-Match: \"nope\"\r\n", 412),
+        ("GET /hello.txt", "Range: bytes=999-\r\n", 416),
+        ("POST /hello.txt", "", 405),
+        ("BREW /hello.txt", "", 501),
+    ];
+    let mut failures = Vec::new();
+    for (line, extra, status) in cases {
+        let req = format!(
+            "{line} HTTP/1.0\r\nConnection: keep-alive\r\n{extra}\r\nGET /hello.txt HTTP/1.0\r\n\r\n"
+        );
+        let ans = exchange(srv, req.as_bytes());
+        let (resps, rest) = parse_responses(&ans.bytes, &[]);
+        let ok = status_list(&resps) == [*status, 200]
+            && resps[0].header("connection") == Some("keep-alive")
+            && resps[1].header("connection") == Some("close")
+            && resps[1].body_str() == HELLO
+            && rest.is_empty()
+            && ans.closed;
+        if !ok {
+            failures.push(format!("{}: {}", show(req.as_bytes()), show(&ans.bytes)));
+        }
     }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
