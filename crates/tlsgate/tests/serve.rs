@@ -488,3 +488,47 @@ fn embedded_default_serves_the_sample_site() {
         "IP SAN / no SNI is served"
     );
 }
+
+#[test]
+fn sessions_resume_on_tls12_and_tls13_and_are_counted() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    for (version, label) in [
+        (&rustls::version::TLS12, "TLSv1.2"),
+        (&rustls::version::TLS13, "TLSv1.3"),
+    ] {
+        let cfg = std::sync::Arc::new(client_config(&[version]));
+        for round in 0..3 {
+            let mut c = tls_connect_shared(s.addr, "localhost", cfg.clone()).unwrap();
+            let kind = c.conn.handshake_kind().unwrap();
+            let want = if round == 0 {
+                rustls::HandshakeKind::Full
+            } else {
+                rustls::HandshakeKind::Resumed
+            };
+            assert_eq!(kind, want, "{label} round {round}");
+            // Reading the answer also takes in TLS 1.3's session tickets.
+            c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            assert!(read_to_close(&mut c).ends_with(HELLO));
+        }
+        let sample = format!(r#"version="{label}",cipher="#);
+        let text = s.metrics_when(|t| {
+            t.lines()
+                .any(|l| l.contains(&sample) && l.contains(r#"resumed="true"} 2"#))
+        });
+        assert!(
+            text.lines()
+                .any(|l| l.contains(&sample) && l.contains(r#"resumed="true"} 2"#)),
+            "{text}"
+        );
+    }
+    // With the cache off, nothing resumes.
+    drop(s);
+    let s = Server::start(&fx, &fx.config("[tls]\nsession_cache_size = 0\n", ""));
+    let cfg = std::sync::Arc::new(client_config(&[&rustls::version::TLS12]));
+    for _ in 0..2 {
+        let c = tls_connect_shared(s.addr, "localhost", cfg.clone()).unwrap();
+        assert_eq!(c.conn.handshake_kind(), Some(rustls::HandshakeKind::Full));
+    }
+}

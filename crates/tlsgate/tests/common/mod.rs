@@ -368,13 +368,20 @@ pub fn tls_connect_with(
     sni: &str,
     config: ClientConfig,
 ) -> Result<TlsStream, std::io::Error> {
+    tls_connect_shared(addr, sni, Arc::new(config))
+}
+
+/// Like [`tls_connect_with`], sharing the config (and so its session
+/// store) between connections, for resumption.
+pub fn tls_connect_shared(
+    addr: SocketAddr,
+    sni: &str,
+    config: Arc<ClientConfig>,
+) -> Result<TlsStream, std::io::Error> {
     let sock = TcpStream::connect(addr)?;
     sock.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let conn = ClientConnection::new(
-        Arc::new(config),
-        ServerName::try_from(sni.to_string()).unwrap(),
-    )
-    .unwrap();
+    let conn =
+        ClientConnection::new(config, ServerName::try_from(sni.to_string()).unwrap()).unwrap();
     let mut s = StreamOwned::new(conn, sock);
     while s.conn.is_handshaking() {
         s.conn.complete_io(&mut s.sock)?;
