@@ -88,9 +88,14 @@ async fn accept_loop(
         let (sock, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                // Out of descriptors or memory: back off instead of spinning.
-                if matches!(e.raw_os_error(), Some(libc_emfile) if libc_emfile == 24 || libc_emfile == 23 || libc_emfile == 12 || libc_emfile == 105)
-                {
+                // Out of descriptors (EMFILE, ENFILE) or memory (ENOMEM,
+                // ENOBUFS): back off instead of spinning. Anything else
+                // (ECONNABORTED...) concerns one connection only.
+                const EMFILE: i32 = 24;
+                const ENFILE: i32 = 23;
+                const ENOMEM: i32 = 12;
+                const ENOBUFS: i32 = 105;
+                if matches!(e.raw_os_error(), Some(EMFILE | ENFILE | ENOMEM | ENOBUFS)) {
                     tracing::warn!("accept: {e}; pausing 50 ms");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }

@@ -532,3 +532,29 @@ fn sessions_resume_on_tls12_and_tls13_and_are_counted() {
         assert_eq!(c.conn.handshake_kind(), Some(rustls::HandshakeKind::Full));
     }
 }
+
+#[test]
+fn listens_on_ipv6() {
+    let s = Server::spawn(&[
+        "serve",
+        "--listen",
+        "[::1]:0",
+        "--admin",
+        "",
+        "--workers",
+        "1",
+    ]);
+    assert!(s.addr.is_ipv6());
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "-g",
+            &format!("https://[::1]:{}/hello.txt", s.addr.port()),
+        ])
+        .output()
+        .unwrap();
+    let sample =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../../site/hello.txt")).unwrap();
+    assert_eq!(body(&out), sample);
+}
