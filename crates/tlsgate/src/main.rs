@@ -11,6 +11,9 @@ use clap::{Parser, Subcommand};
 use tlsgate_config::Overrides;
 use tlsgate_server::Launch;
 
+mod bench;
+mod cost;
+
 /// A TLS edge server: HTTPS termination, static files, metrics.
 #[derive(Parser)]
 #[command(version, about)]
@@ -29,6 +32,12 @@ enum Command {
         /// The TOML file.
         file: PathBuf,
     },
+    /// Measure TLS side by side with nginx and HAProxy: handshake, transfer,
+    /// stream, bound or all (see docs/bench.md).
+    Bench(bench::BenchArgs),
+    /// The cost of TLS on this machine: calibrate, predict, validate.
+    #[command(subcommand)]
+    Cost(cost::CostCommand),
 }
 
 #[derive(clap::Args)]
@@ -74,6 +83,8 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => return bench::run(args),
+        Command::Cost(cmd) => return cost::run(cmd),
         Command::Serve(a) => tlsgate_server::run(Launch {
             config_path: a.config,
             overrides: Overrides {
