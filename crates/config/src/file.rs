@@ -134,7 +134,7 @@ impl Default for LimitsSection {
             max_connections_per_ip: 512,
             max_requests_per_connection: 10_000,
             handshake_rate_per_source: 100,
-            handshake_burst_per_source: 200,
+            handshake_burst_per_source: 500,
             max_handshakes_per_source: 128,
             max_handshakes_in_progress: 5_000,
             source_prefix_v4: 32,

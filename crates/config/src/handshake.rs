@@ -20,12 +20,7 @@ pub(crate) fn validate(c: &Checker<'_>, l: &LimitsSection) -> Result<HandshakeLi
     let rate_per_source = match l.handshake_rate_per_source {
         0 => None,
         per_second => Some(HandshakeRate {
-            per_second: c.within(
-                "limits.handshake_rate_per_source",
-                per_second,
-                1,
-                1_000_000,
-            )?,
+            per_second: c.within("limits.handshake_rate_per_source", per_second, 1, 1_000_000)?,
             // A bucket smaller than one token would refuse every handshake.
             burst: c.within(
                 "limits.handshake_burst_per_source",
@@ -74,7 +69,7 @@ mod tests {
             h.rate_per_source,
             Some(HandshakeRate {
                 per_second: 100,
-                burst: 200
+                burst: 500
             })
         );
         assert_eq!(h.max_per_source, Some(128));

@@ -9,8 +9,8 @@ use tlsgate_metrics::{HandshakeLabels, ReasonLabel};
 use tlsgate_tls::rustls::{HandshakeKind, ProtocolVersion};
 use tokio::net::TcpStream;
 
-use crate::http::{self, HttpCtx};
 use crate::flood::HandshakeSlot;
+use crate::http::{self, HttpCtx};
 use crate::limiter::Permit;
 use crate::Shared;
 

@@ -160,7 +160,9 @@ pub struct HandshakeSlot {
 fn source_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
     match ip.to_canonical() {
         IpAddr::V4(a) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(v4.min(32))).unwrap_or(0);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(v4.min(32)))
+                .unwrap_or(0);
             (0xffff_u128 << 32) | u128::from(u32::from(a) & mask)
         }
         IpAddr::V6(a) => {
@@ -233,12 +235,12 @@ impl HandshakeLimiter {
             }
             self.tracked.fetch_add(1, Ordering::Relaxed);
         }
-        let src = shard
-            .sources
-            .entry(key)
-            .or_insert_with(|| Source::new(now));
+        let src = shard.sources.entry(key).or_insert_with(|| Source::new(now));
         src.refill(rate, now);
-        if limits.max_per_source.is_some_and(|max| src.in_progress >= max) {
+        if limits
+            .max_per_source
+            .is_some_and(|max| src.in_progress >= max)
+        {
             return Err(Refusal::SourceConcurrent);
         }
         if rate.is_some() && src.tokens < 1.0 {
@@ -332,7 +334,9 @@ mod tests {
         assert!(!knock(&l, "10.0.0.1", &lim, t0 + ms(1500)));
         // A long quiet fills the bucket to the burst, no more.
         let later = t0 + Duration::from_secs(3600);
-        let allowed = (0..10).filter(|_| knock(&l, "10.0.0.1", &lim, later)).count();
+        let allowed = (0..10)
+            .filter(|_| knock(&l, "10.0.0.1", &lim, later))
+            .count();
         assert_eq!(allowed, 3);
         // Other sources have their own bucket.
         assert!(knock(&l, "10.0.0.2", &lim, t0 + ms(500)));
@@ -385,42 +389,35 @@ mod tests {
         let global_only = limits(None, 0, 3);
         let _x = l.try_begin_at(ip("10.0.0.4"), &global_only, t0).unwrap();
         assert_eq!(
-            l.try_begin_at(ip("10.0.0.5"), &global_only, t0).unwrap_err(),
+            l.try_begin_at(ip("10.0.0.5"), &global_only, t0)
+                .unwrap_err(),
             Refusal::GlobalConcurrent
         );
     }
 
     #[test]
     fn sources_are_grouped_by_prefix() {
-        assert_eq!(
-            source_key(ip("2001:db8:1:2::1"), 32, 64),
-            source_key(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"), 32, 64)
-        );
-        assert_ne!(
-            source_key(ip("2001:db8:1:2::1"), 32, 64),
-            source_key(ip("2001:db8:1:3::1"), 32, 64)
-        );
-        assert_eq!(
-            source_key(ip("2001:db8:1:2::1"), 32, 48),
-            source_key(ip("2001:db8:1:3::1"), 32, 48)
-        );
-        assert_ne!(
-            source_key(ip("2001:db8::1"), 32, 128),
-            source_key(ip("2001:db8::2"), 32, 128)
-        );
-        assert_ne!(
-            source_key(ip("192.0.2.1"), 32, 64),
-            source_key(ip("192.0.2.2"), 32, 64)
-        );
-        assert_eq!(
-            source_key(ip("192.0.2.1"), 24, 64),
-            source_key(ip("192.0.2.200"), 24, 64)
-        );
-        // A dual-stack socket reports IPv4 clients as mapped addresses.
-        assert_eq!(
-            source_key(ip("::ffff:192.0.2.1"), 32, 64),
-            source_key(ip("192.0.2.1"), 32, 64)
-        );
+        // (a, b, v4 prefix, v6 prefix, same source?)
+        let cases = [
+            (
+                "2001:db8:1:2::1",
+                "2001:db8:1:2:ffff:ffff:ffff:ffff",
+                32,
+                64,
+                true,
+            ),
+            ("2001:db8:1:2::1", "2001:db8:1:3::1", 32, 64, false),
+            ("2001:db8:1:2::1", "2001:db8:1:3::1", 32, 48, true),
+            ("2001:db8::1", "2001:db8::2", 32, 128, false),
+            ("192.0.2.1", "192.0.2.2", 32, 64, false),
+            ("192.0.2.1", "192.0.2.200", 24, 64, true),
+            // A dual-stack socket reports IPv4 clients as mapped addresses.
+            ("::ffff:192.0.2.1", "192.0.2.1", 32, 64, true),
+        ];
+        for (a, b, v4, v6, same) in cases {
+            let (ka, kb) = (source_key(ip(a), v4, v6), source_key(ip(b), v4, v6));
+            assert_eq!(ka == kb, same, "{a} {b} /{v4} /{v6}");
+        }
         // IPv4 never shares a source with IPv6, whatever the prefixes.
         assert_ne!(source_key(ip("0.0.0.0"), 1, 1), source_key(ip("::"), 1, 1));
 
@@ -459,7 +456,11 @@ mod tests {
         for s in l.shards.iter() {
             assert!(s.lock().unwrap().sources.len() <= cap);
         }
-        let total: usize = l.shards.iter().map(|s| s.lock().unwrap().sources.len()).sum();
+        let total: usize = l
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().sources.len())
+            .sum();
         assert_eq!(total, l.tracked());
         // 10.255.0.2 still counts its handshake in progress.
         let end = t0 + Duration::from_secs(1);
