@@ -102,6 +102,20 @@ pub struct LimitsSection {
     pub max_connections_per_ip: usize,
     /// Requests served on one connection before it is closed.
     pub max_requests_per_connection: u64,
+    /// New handshakes per second allowed from one source (token refill rate); 0 = no rate limit.
+    pub handshake_rate_per_source: u32,
+    /// Handshakes one source may start at once after being quiet (token bucket size).
+    pub handshake_burst_per_source: u32,
+    /// Handshakes in progress from one source; 0 = no limit.
+    pub max_handshakes_per_source: usize,
+    /// Handshakes in progress over all listeners and workers; 0 = no limit.
+    pub max_handshakes_in_progress: usize,
+    /// IPv4 sources sharing this many leading bits count as one source.
+    pub source_prefix_v4: u8,
+    /// IPv6 sources sharing this many leading bits count as one source.
+    pub source_prefix_v6: u8,
+    /// Sources whose handshake state is remembered; idle ones are evicted first.
+    pub max_tracked_sources: usize,
 }
 
 impl Default for LimitsSection {
@@ -119,6 +133,13 @@ impl Default for LimitsSection {
             max_connections: 20_000,
             max_connections_per_ip: 512,
             max_requests_per_connection: 10_000,
+            handshake_rate_per_source: 100,
+            handshake_burst_per_source: 500,
+            max_handshakes_per_source: 128,
+            max_handshakes_in_progress: 5_000,
+            source_prefix_v4: 32,
+            source_prefix_v6: 64,
+            max_tracked_sources: 100_000,
         }
     }
 }

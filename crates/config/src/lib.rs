@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod file;
+mod handshake;
 mod validate;
 
 use std::fmt;
@@ -98,6 +99,35 @@ pub struct Limits {
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
     pub max_requests_per_connection: u64,
+    /// The handshake flood limits (`handshake_*`, `*_handshakes_*`, `source_prefix_*`, `max_tracked_sources`).
+    pub handshake: HandshakeLimits,
+}
+
+/// Limits on TLS handshakes, checked at accept before any TLS work (see
+/// [`file::LimitsSection`] for meanings). `None` means the limit is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeLimits {
+    /// Token bucket of each source: refill rate per second, size.
+    pub rate_per_source: Option<HandshakeRate>,
+    /// Handshakes in progress from one source.
+    pub max_per_source: Option<usize>,
+    /// Handshakes in progress overall.
+    pub max_in_progress: Option<usize>,
+    /// Prefix length (1..=32) that groups IPv4 sources.
+    pub source_prefix_v4: u8,
+    /// Prefix length (1..=128) that groups IPv6 sources.
+    pub source_prefix_v6: u8,
+    /// Bound on the per-source state kept in memory.
+    pub max_tracked_sources: usize,
+}
+
+/// A token bucket: `per_second` tokens added each second, at most `burst` kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeRate {
+    /// Refill rate (at least 1).
+    pub per_second: u32,
+    /// Bucket size (at least 1).
+    pub burst: u32,
 }
 
 /// A TLS protocol version tlsgate offers.

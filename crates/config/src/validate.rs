@@ -149,12 +149,12 @@ fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigErr
     Ok(())
 }
 
-struct Checker<'a> {
-    origin: &'a str,
+pub(crate) struct Checker<'a> {
+    pub(crate) origin: &'a str,
 }
 
 impl Checker<'_> {
-    fn err(&self, key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    pub(crate) fn err(&self, key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
         ConfigError::new(self.origin, key, problem)
     }
 
@@ -166,7 +166,7 @@ impl Checker<'_> {
         }
     }
 
-    fn within<T: PartialOrd + std::fmt::Display + Copy>(
+    pub(crate) fn within<T: PartialOrd + std::fmt::Display + Copy>(
         &self,
         key: &str,
         v: T,
@@ -236,6 +236,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
             1,
             u64::MAX,
         )?,
+        handshake: crate::handshake::validate(&c, l)?,
     };
 
     let tls = validate_tls(&c, &f)?;
@@ -586,6 +587,8 @@ names = ["example.com", "*.example.com"]
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"bad name\"]\n", "listener[0].certificate[0].names", "DNS names"),
             ("", "listener", "at least one"),
             ("[limits\n", "", "line 1"),
+            ("[limits]\nsource_prefix_v6 = 129\n", "limits.source_prefix_v6", "from 1 to 128"),
+            ("[limits]\nhandshake_burst_per_source = 0\n", "limits.handshake_burst_per_source", "from 1 to"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();

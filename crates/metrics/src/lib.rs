@@ -72,6 +72,10 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Configuration reloads.
     pub reloads: Family<ResultLabel, Counter>,
+    /// TLS handshakes in progress (set when the metrics are read).
+    pub handshakes_in_progress: Gauge,
+    /// Sources the handshake limits remember (set when the metrics are read).
+    pub handshake_sources_tracked: Gauge,
 }
 
 impl Default for Metrics {
@@ -98,6 +102,8 @@ impl Metrics {
             timeouts: Family::default(),
             access_log_dropped: Counter::default(),
             reloads: Family::default(),
+            handshakes_in_progress: Gauge::default(),
+            handshake_sources_tracked: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -156,6 +162,16 @@ impl Metrics {
             m.access_log_dropped.clone(),
         );
         r.register("reloads", "Configuration reloads", m.reloads.clone());
+        r.register(
+            "handshakes_in_progress",
+            "TLS handshakes in progress",
+            m.handshakes_in_progress.clone(),
+        );
+        r.register(
+            "handshake_sources_tracked",
+            "Client sources remembered by the handshake flood limits",
+            m.handshake_sources_tracked.clone(),
+        );
         m
     }
 

@@ -9,6 +9,7 @@
 mod access_log;
 mod admin;
 mod conn;
+mod flood;
 mod generation;
 mod http;
 mod limiter;
@@ -28,6 +29,7 @@ pub use access_log::AccessLog;
 pub use generation::{Generation, SelfSignedCache};
 pub use transport::Transport;
 
+use flood::HandshakeLimiter;
 use limiter::ConnLimiter;
 use worker::WorkerSocket;
 
@@ -62,6 +64,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Connection limits.
     limiter: Arc<ConnLimiter>,
+    /// Handshake flood limits.
+    handshakes: Arc<HandshakeLimiter>,
     /// Access log writer.
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
@@ -162,6 +166,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         current: ArcSwap::from_pointee(gen),
         metrics: Metrics::new(),
         limiter: Arc::new(ConnLimiter::default()),
+        handshakes: Arc::new(HandshakeLimiter::default()),
         access_log,
         shutdown,
     });
