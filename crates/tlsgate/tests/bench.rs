@@ -11,7 +11,7 @@ fn bin() -> &'static str {
 
 fn json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
+    serde_json::from_str(&text).expect("results are JSON")
 }
 
 #[test]
