@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bound;
+pub mod crosscheck;
 mod error;
 pub mod materials;
 pub mod plot;

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use tlsgate_loadgen::Report;
 
 use crate::bound::Bounds;
+use crate::crosscheck::CrossCheck;
 use crate::error::BenchError;
 use crate::targets::TargetKind;
 
@@ -245,6 +246,9 @@ pub struct Results {
     pub summaries: Vec<Summary>,
     /// The physical floor, when measured.
     pub bounds: Option<Bounds>,
+    /// Independent measurements with openssl s_time and wrk.
+    #[serde(default)]
+    pub crosschecks: Vec<CrossCheck>,
 }
 
 impl Results {
@@ -257,6 +261,7 @@ impl Results {
             cells: Vec::new(),
             summaries: Vec::new(),
             bounds: None,
+            crosschecks: Vec::new(),
         }
     }
 
@@ -341,6 +346,29 @@ impl Results {
         self.handshake_table(&mut out, &targets);
         self.transfer_table(&mut out, &targets);
         self.stream_table(&mut out, &targets);
+        if !self.crosschecks.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation measured while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own figure for the same case. s_time runs one connection at a time, so the server is not saturated: compare CPU per operation, not rates.\n\n| target | case | tool | ops/s | server CPU µs/op | bench CPU µs/op | tool ÷ bench |\n|---|---|---|---:|---:|---:|---:|"
+            );
+            for c in &self.crosschecks {
+                let ratio = if c.bench_cpu_us_per_op > 0.0 {
+                    format!("{:.2}", c.server_cpu_us_per_op / c.bench_cpu_us_per_op)
+                } else {
+                    "–".into()
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | `{}` | {:.0} | {:.1} | {:.1} | {ratio} |",
+                    c.target,
+                    c.case,
+                    c.tool,
+                    c.operations as f64 / c.secs.max(1e-9),
+                    c.server_cpu_us_per_op,
+                    c.bench_cpu_us_per_op
+                );
+            }
+        }
         if let Some(b) = &self.bounds {
             let _ = writeln!(out, "\n## Bound: the floor on this machine\n");
             let _ = writeln!(out, "{}", b.markdown());
@@ -540,6 +568,14 @@ impl Results {
                         out.push(format!("{scenario} {case}: {t} was not measured"));
                     }
                 }
+            }
+        }
+        for c in &self.crosschecks {
+            if c.operations == 0 || c.server_cpu_us_per_op <= 0.0 {
+                out.push(format!(
+                    "cross-check {} on {}: nothing measured",
+                    c.tool, c.target
+                ));
             }
         }
         if let Some(b) = &self.bounds {

@@ -28,6 +28,8 @@ pub enum Scenario {
     Stream,
     /// The physical floor.
     Bound,
+    /// openssl s_time and wrk against the same targets.
+    CrossCheck,
 }
 
 impl Scenario {
@@ -38,7 +40,14 @@ impl Scenario {
             "transfer" => vec![Self::Transfer],
             "stream" => vec![Self::Stream],
             "bound" => vec![Self::Bound],
-            "all" => vec![Self::Bound, Self::Handshake, Self::Transfer, Self::Stream],
+            "crosscheck" => vec![Self::CrossCheck],
+            "all" => vec![
+                Self::Bound,
+                Self::Handshake,
+                Self::Transfer,
+                Self::Stream,
+                Self::CrossCheck,
+            ],
             _ => return None,
         })
     }
@@ -178,6 +187,10 @@ pub fn run(scenarios: &[Scenario], opts: &BenchOptions) -> Result<Results, Bench
             Scenario::Handshake => handshake(&materials, opts, &mut results)?,
             Scenario::Transfer => transfer(&materials, opts, &mut results)?,
             Scenario::Stream => stream(&materials, opts, &mut results)?,
+            Scenario::CrossCheck => {
+                results.summarize();
+                crate::crosscheck::run(&materials, opts, &mut results)?
+            }
         }
         results.summarize();
     }

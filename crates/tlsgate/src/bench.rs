@@ -9,7 +9,7 @@ use tlsgate_bench::{plot, scenario, BenchOptions, Placement, Scenario, TargetKin
 /// Arguments of `tlsgate bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// handshake, transfer, stream, bound or all.
+    /// handshake, transfer, stream, bound, crosscheck or all.
     scenario: String,
     /// A smoke run of seconds (CI): checks that every figure is sane, not fast.
     #[arg(long)]
@@ -45,7 +45,7 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> ExitCode {
     let Some(scenarios) = Scenario::parse(&args.scenario) else {
         eprintln!(
-            "tlsgate: error: unknown scenario {:?}: expected handshake, transfer, stream, bound or all",
+            "tlsgate: error: unknown scenario {:?}: expected handshake, transfer, stream, bound, crosscheck or all",
             args.scenario
         );
         return ExitCode::from(2);
