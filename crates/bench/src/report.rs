@@ -344,6 +344,7 @@ impl Results {
         );
         let targets = self.targets();
         self.handshake_table(&mut out, &targets);
+        self.latency_table(&mut out, &targets);
         self.transfer_table(&mut out, &targets);
         self.stream_table(&mut out, &targets);
         if !self.crosschecks.is_empty() {
@@ -440,6 +441,33 @@ impl Results {
                 " {} | {bound} |",
                 self.ratio_to_nginx("handshake", case, |s| s.cpu_us_per_op)
             );
+        }
+    }
+
+    fn latency_table(&self, out: &mut String, targets: &[TargetKind]) {
+        for case in self.cases("latency") {
+            let _ = writeln!(out, "\n## Handshake latency at a fixed rate: {case}\n");
+            let _ = writeln!(out, "Open loop: arrivals do not wait for the server; latency counts from the scheduled start.\n");
+            let _ = writeln!(out, "| target | achieved/s | p50 ms | p99 ms | max ms | server CPU % | failed |\n|---|---:|---:|---:|---:|---:|---:|");
+            for t in targets {
+                if let Some(s) = self.summary("latency", &case, *t) {
+                    let _ = writeln!(
+                        out,
+                        "| {t} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} % |",
+                        s.ops_per_sec,
+                        s.p50_us / 1e3,
+                        s.p99_us / 1e3,
+                        self.cells
+                            .iter()
+                            .filter(|c| c.scenario == "latency" && c.case == case && c.target == *t)
+                            .map(|c| c.load.latency.max_us)
+                            .fold(0.0, f64::max)
+                            / 1e3,
+                        s.server_utilization * 100.0,
+                        s.error_rate * 100.0
+                    );
+                }
+            }
         }
     }
 
@@ -561,7 +589,7 @@ impl Results {
             }
         }
         let targets = self.targets();
-        for scenario in ["handshake", "transfer", "stream"] {
+        for scenario in ["handshake", "latency", "transfer", "stream"] {
             for case in self.cases(scenario) {
                 for t in &targets {
                     if self.summary(scenario, &case, *t).is_none() {

@@ -252,8 +252,58 @@ fn handshake(
 ) -> Result<(), BenchError> {
     let path = materials.file(1 << 10)?;
     let mut targets = start_all(materials, opts, 1 << 10, results)?;
+    saturated_handshakes(&mut targets, &path, opts, results)?;
+    latency_at_half_nginx(&mut targets, &path, opts, results)
+}
+
+/// Latency at a fixed arrival rate — half of nginx's maximum full TLS 1.3
+/// ECDSA handshake rate — for every target (open loop, so a slow server
+/// cannot slow the arrivals down and hide its queueing).
+fn latency_at_half_nginx(
+    targets: &mut [Target],
+    path: &str,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let profile = TlsProfile::tls13_ecdsa();
+    results.summarize();
+    let Some(nginx) = results.summary("handshake", &profile.label(), TargetKind::Nginx) else {
+        return Ok(());
+    };
+    let rate = (nginx.ops_per_sec / 2.0).max(1.0);
     interleave(
-        &mut targets,
+        targets,
+        opts,
+        "latency",
+        &[rate],
+        |r| format!("{} at {r:.0}/s (half nginx's max)", profile.label()),
+        |r, t| {
+            Job::Handshake(HandshakeJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: profile.clone(),
+                path: path.to_string(),
+                pacing: Pacing::Open {
+                    per_second: *r,
+                    max_in_flight: 4096,
+                },
+                window: opts.window(),
+                cores: opts.placement.client_cores.clone(),
+            })
+        },
+        results,
+    )
+}
+
+/// Closed loop: the maximum rate and its CPU per handshake.
+fn saturated_handshakes(
+    targets: &mut [Target],
+    path: &str,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    interleave(
+        targets,
         opts,
         "handshake",
         &opts.handshake_kinds,
@@ -263,7 +313,7 @@ fn handshake(
                 addr: t.addr(),
                 server_name: SERVER_NAME.into(),
                 profile: profile.clone(),
-                path: path.clone(),
+                path: path.to_string(),
                 pacing: Pacing::Closed {
                     concurrency: opts.handshake_concurrency,
                 },

@@ -63,6 +63,22 @@ fn quick_bench_measures_every_scenario_on_every_target() {
             }
         }
     }
+    // Latency at half nginx's rate was measured on every target.
+    let latency: Vec<_> = summaries
+        .iter()
+        .filter(|s| s["scenario"] == "latency")
+        .collect();
+    assert_eq!(latency.len(), 3, "{latency:?}");
+    for s in latency {
+        assert!(s["p99_us"].as_f64().unwrap() > 0.0, "{s}");
+    }
+    // The independent tools ran against every target.
+    let cross = results["crosschecks"].as_array().unwrap();
+    assert_eq!(cross.len(), 6, "{cross:?}");
+    for c in cross {
+        assert!(c["operations"].as_u64().unwrap() > 0, "{c}");
+        assert!(c["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{c}");
+    }
     // The floor was measured and every handshake kind has one.
     let bounds = &results["bounds"]["ops_ns"];
     for op in [
