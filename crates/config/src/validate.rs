@@ -7,8 +7,7 @@ use std::time::Duration;
 use crate::file::{CertificateSection, ConfigFile, ListenerSection};
 use crate::{
     AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KeyPolicy,
-    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, TlsPolicy, TlsVersion,
-    UnknownSni,
+    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, TlsPolicy, TlsVersion, UnknownSni,
 };
 
 const FLAGS: &str = "command line";

@@ -25,7 +25,12 @@ pub fn send_fd(sock: &UnixStream, fd: impl AsFd) -> io::Result<()> {
     if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err(io::Error::other("control buffer too small"));
     }
-    let sent = rustix::net::sendmsg(sock, &[IoSlice::new(b"F")], &mut control, SendFlags::NOSIGNAL)?;
+    let sent = rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(b"F")],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
     if sent == 1 {
         Ok(())
     } else {

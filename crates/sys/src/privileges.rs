@@ -88,10 +88,12 @@ fn hint(e: nix::errno::Errno) -> String {
 pub fn drop_privileges(ids: Option<Ids>) -> Result<(), PrivilegeError> {
     if let Some(Ids { uid, gid }) = ids {
         nix::unistd::setgroups(&[]).map_err(|e| fail("setgroups([])", hint(e)))?;
-        nix::unistd::setgid(Gid::from_raw(gid)).map_err(|e| fail(format!("setgid({gid})"), hint(e)))?;
+        nix::unistd::setgid(Gid::from_raw(gid))
+            .map_err(|e| fail(format!("setgid({gid})"), hint(e)))?;
         // From uid 0 to another uid the kernel also empties the permitted and
         // effective sets (no SECBIT_KEEP_CAPS is set).
-        nix::unistd::setuid(Uid::from_raw(uid)).map_err(|e| fail(format!("setuid({uid})"), hint(e)))?;
+        nix::unistd::setuid(Uid::from_raw(uid))
+            .map_err(|e| fail(format!("setuid({uid})"), hint(e)))?;
     }
     let none = CapabilitySets {
         effective: CapabilitySet::empty(),
@@ -139,7 +141,8 @@ fn verify(ids: Option<Ids>) -> Result<(), PrivilegeError> {
         check("CapPrm", &zero)?;
         check("CapAmb", &zero)?;
         if let Some(Ids { uid, gid }) = ids {
-            let all = |want: u32| move |v: &str| v.split_whitespace().all(|x| x == want.to_string());
+            let all =
+                |want: u32| move |v: &str| v.split_whitespace().all(|x| x == want.to_string());
             check("Uid", &all(uid))?;
             check("Gid", &all(gid))?;
             check("Groups", &|v: &str| v.is_empty())?;

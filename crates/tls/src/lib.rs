@@ -15,8 +15,8 @@ pub mod remote;
 pub mod resolver;
 
 pub use certs::{load, load_all, self_signed, LoadedCert, SelfSigned, SelfSignedCache};
-pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
 pub use conn::{accept, TlsConnection};
 pub use context::TlsContext;
 pub use error::{CertError, HandshakeError};
+pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
 pub use rustls;

@@ -238,9 +238,14 @@ mod tests {
         let key = local(&rcgen::PKCS_ECDSA_P256_SHA256);
         let info = KeyInfo::of(&*key).unwrap();
         let remote = RemoteKey::new(info.clone(), Arc::new(Local(key.clone(), None)));
-        assert!(remote.choose_scheme(&[SignatureScheme::RSA_PSS_SHA256]).is_none());
+        assert!(remote
+            .choose_scheme(&[SignatureScheme::RSA_PSS_SHA256])
+            .is_none());
         let signer = remote
-            .choose_scheme(&[SignatureScheme::RSA_PSS_SHA256, SignatureScheme::ECDSA_NISTP256_SHA256])
+            .choose_scheme(&[
+                SignatureScheme::RSA_PSS_SHA256,
+                SignatureScheme::ECDSA_NISTP256_SHA256,
+            ])
             .unwrap();
         let sig = signer.sign(b"message").unwrap();
         let spki = remote.public_key().unwrap();
