@@ -246,6 +246,7 @@ impl KeyClient {
     pub fn spawn(worker_args: &[OsString], timeout: Duration) -> Result<KeyClient, KeyError> {
         let (ours, theirs) = tlsgate_sys::ipc::socket_pair()?;
         let child = Command::new("/proc/self/exe")
+            .arg0("tlsgate")
             .arg("key-supervisor")
             .arg("--parent")
             .arg(std::process::id().to_string())

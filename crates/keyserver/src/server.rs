@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,6 +52,7 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
         // /proc/self/exe: the very binary that runs now, even if the file
         // was replaced by an upgrade since.
         let spawned = Command::new("/proc/self/exe")
+            .arg0("tlsgate")
             .arg("key-server")
             .arg("--parent")
             .arg(&me)

@@ -72,6 +72,12 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Configuration reloads.
     pub reloads: Family<ResultLabel, Counter>,
+    /// Signatures the key process could not give, by reason.
+    pub key_failures: Family<ReasonLabel, Counter>,
+    /// Key servers connected after the first (restarts).
+    pub key_restarts: Counter,
+    /// 1 while a key server is connected (always 1 without isolation).
+    pub key_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -98,6 +104,9 @@ impl Metrics {
             timeouts: Family::default(),
             access_log_dropped: Counter::default(),
             reloads: Family::default(),
+            key_failures: Family::default(),
+            key_restarts: Counter::default(),
+            key_up: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -156,6 +165,21 @@ impl Metrics {
             m.access_log_dropped.clone(),
         );
         r.register("reloads", "Configuration reloads", m.reloads.clone());
+        r.register(
+            "key_failures",
+            "Signatures the key process could not give, by reason",
+            m.key_failures.clone(),
+        );
+        r.register(
+            "key_restarts",
+            "Key servers started again after one exited",
+            m.key_restarts.clone(),
+        );
+        r.register(
+            "key_up",
+            "1 while the key process is connected",
+            m.key_up.clone(),
+        );
         m
     }
 
