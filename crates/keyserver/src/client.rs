@@ -94,8 +94,12 @@ impl Connection {
         }))
     }
 
-    /// Hands the read half to a thread that routes answers to their waiters.
-    fn start_reader(self: &Arc<Self>) -> io::Result<()> {
+    /// Hands the read half to a thread that routes answers to their
+    /// waiters; `closed` runs when the key server's side closes.
+    fn start_reader(
+        self: &Arc<Self>,
+        closed: impl FnOnce(&Arc<Connection>) + Send + 'static,
+    ) -> io::Result<()> {
         let Some((mut sock, mut frames)) = lock(&self.direct).take() else {
             return Ok(());
         };
@@ -109,6 +113,7 @@ impl Connection {
                 me.alive.store(false, Ordering::SeqCst);
                 // Dropping the senders wakes every waiter with "disconnected".
                 lock(&me.pending).clear();
+                closed(&me);
             })?;
         Ok(())
     }
@@ -313,7 +318,7 @@ impl KeyClient {
     pub fn start(&self, events: Box<dyn Events>) -> io::Result<()> {
         let _ = self.inner.events.set(events);
         if let Some(c) = lock(&self.inner.current).clone() {
-            c.start_reader()?;
+            c.start_reader(self.inner.on_close())?;
         }
         let control = lock(&self.inner.control)
             .as_ref()
@@ -362,6 +367,21 @@ impl Inner {
         }
     }
 
+    /// What a connection's reader does when the key server is gone.
+    fn on_close(self: &Arc<Self>) -> impl FnOnce(&Arc<Connection>) + Send + 'static {
+        let me = Arc::downgrade(self);
+        move |conn| {
+            let Some(me) = me.upgrade() else { return };
+            let current = lock(&me.current)
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(c, conn));
+            if current {
+                tracing::warn!("lost the key server; handshakes fail until it is back");
+                me.event(|e| e.key_server(false, false));
+            }
+        }
+    }
+
     fn event(&self, f: impl FnOnce(&dyn Events)) {
         if let Some(e) = self.events.get() {
             f(e.as_ref());
@@ -369,7 +389,7 @@ impl Inner {
     }
 
     /// Takes each new key server into use, until the supervisor is gone.
-    fn connector(&self, control: &UnixStream) {
+    fn connector(self: &Arc<Self>, control: &UnixStream) {
         loop {
             let fd = match tlsgate_sys::ipc::recv_fd(control) {
                 Ok(Some(fd)) => fd,
@@ -384,16 +404,15 @@ impl Inner {
                     return;
                 }
             };
-            self.event(|e| e.key_server(false, true));
             if let Err(e) = self.adopt(UnixStream::from(fd)) {
                 tracing::error!("restarted key server unusable: {e}");
             }
         }
     }
 
-    fn adopt(&self, sock: UnixStream) -> Result<(), KeyError> {
+    fn adopt(self: &Arc<Self>, sock: UnixStream) -> Result<(), KeyError> {
         let conn = Connection::new(sock, self.timeout)?;
-        conn.start_reader()?;
+        conn.start_reader(self.on_close())?;
         let active = lock(&self.active).clone();
         let loaded = match self.load_on(&conn, &active) {
             Ok(l) => l,

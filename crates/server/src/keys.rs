@@ -69,7 +69,9 @@ impl Keys {
         let certs = match self {
             Keys::InProcess(cache) => tlsgate_tls::load_all(config, cache)?,
             Keys::Isolated(client) => client.load(keep).map_err(|e| match e {
-                KeyError::Config(e) => StartError::Config(ConfigError::new(e.origin, e.key, e.problem)),
+                KeyError::Config(e) => {
+                    StartError::Config(ConfigError::new(e.origin, e.key, e.problem))
+                }
                 other => StartError::Keys(other),
             })?,
         };

@@ -149,7 +149,11 @@ fn main() -> ExitCode {
             );
         }),
         Command::KeySupervisor { parent, args } => {
-            return internal(tlsgate_keyserver::server::supervise(stdin_socket(), parent, args));
+            return internal(tlsgate_keyserver::server::supervise(
+                stdin_socket(),
+                parent,
+                args,
+            ));
         }
         Command::KeyServer { parent, serve } => {
             let launch = launch(serve);
