@@ -460,7 +460,10 @@ fn sighup_swaps_to_a_new_certificate_and_key() {
     std::fs::copy(&other.key, &renewed.key).unwrap();
     server.signal("HUP");
     server.wait_log("does not match", Duration::from_secs(10));
-    assert_eq!(server.metric("tlsgate_reloads_total{result=\"error\"}"), 1.0);
+    assert_eq!(
+        server.metric("tlsgate_reloads_total{result=\"error\"}"),
+        1.0
+    );
     assert_eq!(
         fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap(),
         renewed.der
@@ -516,5 +519,71 @@ fn the_network_process_runs_as_nobody_without_capabilities_and_serves() {
             status_field(p, None, "Uid").split_whitespace().next(),
             Some("0")
         );
+    }
+}
+
+/// CPU time (ns) the threads of `pid` have run, from schedstat.
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+            s.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// A measurement, not a check of behaviour: server CPU per full handshake
+/// with and without the key process. Run it on a quiet machine with
+/// `cargo test --release -p tlsgate --test keys -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement; run by hand"]
+fn measure_cpu_per_full_handshake() {
+    let n: usize = std::env::var("HANDSHAKES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let fx = Fixture::new();
+    let (_, extra) = with_rsa(&fx);
+    for (sni, label) in [("localhost", "ECDSA P-256"), ("rsa.test", "RSA-2048")] {
+        for v in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let mut per = Vec::new();
+            for isolation in [false, true] {
+                let top = format!("[server]\nworkers = 1\nkey_isolation = {isolation}\n[access_log]\ntarget = \"off\"\n");
+                let server = Server::start(&fx, &fx.config(&top, &extra));
+                let pids: Vec<u32> = if isolation {
+                    let (s, k) = key_processes(&server);
+                    vec![server.pid(), s, k]
+                } else {
+                    vec![server.pid()]
+                };
+                let mut config = client_config(&[v]);
+                config.resumption = rustls::client::Resumption::disabled();
+                let config = std::sync::Arc::new(config);
+                for _ in 0..50 {
+                    tls_connect_shared(server.addr, sni, config.clone()).unwrap();
+                }
+                let before: u64 = pids.iter().map(|p| cpu_ns(*p)).sum();
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    let mut s = tls_connect_shared(server.addr, sni, config.clone()).unwrap();
+                    s.conn.send_close_notify();
+                    let _ = s.conn.complete_io(&mut s.sock);
+                }
+                let wall = t0.elapsed();
+                std::thread::sleep(Duration::from_millis(200));
+                let after: u64 = pids.iter().map(|p| cpu_ns(*p)).sum();
+                let us = (after - before) as f64 / n as f64 / 1000.0;
+                eprintln!(
+                    "{label} {v:?} isolation={isolation}: {us:.1} µs server CPU per handshake, {:.0} handshakes/s from one client",
+                    n as f64 / wall.as_secs_f64()
+                );
+                per.push(us);
+            }
+            eprintln!(
+                "{label} {v:?}: isolation costs {:+.1} %",
+                (per[1] / per[0] - 1.0) * 100.0
+            );
+        }
     }
 }
