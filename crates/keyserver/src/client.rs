@@ -108,9 +108,12 @@ impl Connection {
         std::thread::Builder::new()
             .name("key-reader".into())
             .spawn(move || {
-                let why = me.read_loop(&mut sock, &mut frames);
-                tracing::debug!("key server connection closed: {why:?}");
-                me.alive.store(false, Ordering::SeqCst);
+                if let Err(e) = me.read_loop(&mut sock, &mut frames) {
+                    tracing::error!("dropping the key server connection: {e}");
+                }
+                // Close our side too: a key server we stopped listening to
+                // (bad answer) then reads EOF, exits, and is replaced.
+                me.close();
                 // Dropping the senders wakes every waiter with "disconnected".
                 lock(&me.pending).clear();
                 closed(&me);
@@ -397,6 +400,10 @@ impl Inner {
                     tracing::error!(
                         "the key supervisor is gone: handshakes fail until tlsgate is restarted"
                     );
+                    // Its control socket closes only when it exits: reap it.
+                    if let Some(mut child) = lock(&self.supervisor).take() {
+                        let _ = child.wait();
+                    }
                     if let Some(c) = lock(&self.current).take() {
                         c.close();
                     }
@@ -465,5 +472,82 @@ impl KeyBackend for Inner {
             self.event(|e| e.sign_failed(why));
         }
         result
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn sign() -> Request {
+        Request::Sign {
+            key_id: 1,
+            scheme: SignatureScheme::ED25519,
+            message: vec![1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn answers_out_of_order_reach_their_waiters() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        conn.start_reader(|_| {}).unwrap();
+        let waiters: Vec<_> = (1..=3u64)
+            .map(|id| {
+                let c = conn.clone();
+                std::thread::spawn(move || c.call(id, &sign(), Duration::from_secs(5)))
+            })
+            .collect();
+        // Read the three requests, answer them in reverse order, in one write.
+        let mut d = Deframer::new(proto::MAX_REQUEST);
+        let mut ids = Vec::new();
+        while ids.len() < 3 {
+            d.read_from(&mut b).unwrap();
+            while let Some(f) = d.next_frame().unwrap() {
+                ids.push(proto::decode_request(f).unwrap().0);
+            }
+        }
+        let mut out = Vec::new();
+        for id in ids.iter().rev() {
+            proto::encode_response(&mut out, *id, &Response::Signature(vec![*id as u8; 4]));
+        }
+        b.write_all(&out).unwrap();
+        for (i, w) in waiters.into_iter().enumerate() {
+            let id = i as u8 + 1;
+            assert_eq!(w.join().unwrap().unwrap(), Response::Signature(vec![id; 4]));
+        }
+    }
+
+    #[test]
+    fn silence_times_out_and_garbage_closes_the_connection() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        let closed = Arc::new(AtomicBool::new(false));
+        let flag = closed.clone();
+        conn.start_reader(move |_| flag.store(true, Ordering::SeqCst))
+            .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(
+            conn.call(1, &sign(), Duration::from_millis(200)),
+            Err(KeyUnavailable::Timeout)
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // A frame with a sound length and a garbage payload.
+        b.write_all(&[0, 0, 0, 12, 1, 0x99, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0])
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !closed.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "reader did not give up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            conn.call(2, &sign(), Duration::from_secs(1)),
+            Err(KeyUnavailable::Down)
+        );
+        // Our side was closed too, so the key server would see EOF.
+        let mut rest = Vec::new();
+        b.read_to_end(&mut rest).unwrap();
     }
 }

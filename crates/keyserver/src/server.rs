@@ -165,18 +165,17 @@ impl Keys {
     }
 }
 
-/// Runs the key server on `conn` until the network side closes it.
+/// Runs the key server on `conn` until the network side closes it (the
+/// caller makes it die with its supervisor first).
 ///
 /// `load_config` reads the configuration the way `tlsgate serve` was told
 /// to (file and flags). An out-of-bounds frame length ends the server
 /// (the stream cannot be resynchronised; the supervisor starts another);
 /// any other bad request is answered with [`Failure::BadRequest`].
 pub fn serve(
-    parent: u32,
     mut conn: UnixStream,
     load_config: impl Fn() -> Result<Config, ConfigError>,
 ) -> io::Result<()> {
-    tlsgate_sys::ipc::die_with_parent(parent)?;
     conn.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut keys = Keys {
         by_id: HashMap::new(),
@@ -221,5 +220,91 @@ pub fn serve(
         if !out.is_empty() {
             conn.write_all(&out)?;
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::path::Path;
+
+    fn answers(sock: &mut UnixStream, n: usize) -> Vec<(u64, Response)> {
+        let mut d = Deframer::new(proto::MAX_RESPONSE);
+        let mut out = Vec::new();
+        while out.len() < n {
+            assert!(d.read_from(sock).unwrap() > 0, "EOF after {out:?}");
+            while let Some(f) = d.next_frame().unwrap() {
+                out.push(proto::decode_response(f).unwrap());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn signs_in_batches_refuses_garbage_and_stops_on_a_bad_length() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("site")).unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["a.test".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.path().join("c.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("k.pem"), key.serialize_pem()).unwrap();
+        let toml = dir.path().join("t.toml");
+        std::fs::write(
+            &toml,
+            "[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n",
+        )
+        .unwrap();
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            serve(theirs, move || {
+                tlsgate_config::load(Some(&toml), &Default::default(), Path::new("/"))
+            })
+        });
+
+        // Three requests in one write: load, garbage behind a valid length, unknown key.
+        let mut buf = Vec::new();
+        proto::encode_request(&mut buf, 1, &Request::Load { keep: vec![] });
+        buf.extend_from_slice(&[0, 0, 0, 12, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
+        let sign = |key_id| Request::Sign {
+            key_id,
+            scheme: rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
+            message: b"hello".to_vec(),
+        };
+        proto::encode_request(&mut buf, 3, &sign(7));
+        ours.write_all(&buf).unwrap();
+        let got = answers(&mut ours, 3);
+        let Response::Loaded(l) = &got[0].1 else {
+            panic!("{got:?}")
+        };
+        assert_eq!(got[0].0, 1);
+        assert_eq!(l[0][0].names, vec!["a.test".to_string()]);
+        assert_eq!(l[0][0].chain[0], cert.der().to_vec());
+        assert_eq!(got[1], (0, Response::Failed(Failure::BadRequest)));
+        assert_eq!(got[2], (3, Response::Failed(Failure::UnknownKey)));
+
+        let id = l[0][0].key.id;
+        let mut buf = Vec::new();
+        for i in 10..20 {
+            proto::encode_request(&mut buf, i, &sign(id));
+        }
+        ours.write_all(&buf).unwrap();
+        let got = answers(&mut ours, 10);
+        for (i, (rid, r)) in got.iter().enumerate() {
+            assert_eq!(*rid, 10 + i as u64);
+            assert!(matches!(r, Response::Signature(s) if s.len() > 60), "{r:?}");
+        }
+
+        // A length over the bound: the stream is untrustworthy, the server ends.
+        ours.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        let e = server.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let mut rest = Vec::new();
+        let _ = ours.read_to_end(&mut rest);
+        assert!(rest.is_empty());
     }
 }

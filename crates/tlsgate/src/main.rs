@@ -157,11 +157,9 @@ fn main() -> ExitCode {
         }
         Command::KeyServer { parent, serve } => {
             let launch = launch(serve);
-            return internal(tlsgate_keyserver::server::serve(
-                parent,
-                stdin_socket(),
-                move || launch.load(),
-            ));
+            return internal(tlsgate_sys::ipc::die_with_parent(parent).and_then(|()| {
+                tlsgate_keyserver::server::serve(stdin_socket(), move || launch.load())
+            }));
         }
     };
     match result {
