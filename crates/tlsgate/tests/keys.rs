@@ -343,6 +343,7 @@ fn no_private_key_in_the_network_process_memory_and_the_search_finds_one_in_proc
         "no key process without isolation"
     );
     let found = search_memory(inproc.pid(), &wanted);
+    eprintln!("key server holds: {in_keys:?}\nin-process server holds: {found:?}");
     assert!(
         found.iter().any(|n| n.starts_with("ec scalar")),
         "{found:?}"
