@@ -39,6 +39,15 @@ pub struct ServerSection {
     pub shutdown_timeout: Duration,
     /// Listen backlog of every listening socket.
     pub backlog: u32,
+    /// User the network-facing process runs as after binding; "" = stay.
+    pub user: String,
+    /// Group it runs as; "" = the user's primary group.
+    pub group: String,
+    /// Keep private keys in a separate key process (false: in-process).
+    pub key_isolation: bool,
+    /// How long a handshake waits for the key process to sign.
+    #[serde(with = "humantime_serde")]
+    pub key_timeout: Duration,
 }
 
 impl Default for ServerSection {
@@ -48,6 +57,10 @@ impl Default for ServerSection {
             server_header: "tlsgate".into(),
             shutdown_timeout: Duration::from_secs(10),
             backlog: 1024,
+            user: String::new(),
+            group: String::new(),
+            key_isolation: true,
+            key_timeout: Duration::from_secs(2),
         }
     }
 }

@@ -71,6 +71,10 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Listen backlog.
     pub backlog: u32,
+    /// Privileges kept by the network-facing process.
+    pub privileges: Privileges,
+    /// Where private keys live and sign.
+    pub keys: KeyPolicy,
     /// Admin (metrics) listener address.
     pub admin: Option<SocketAddr>,
     /// Timeouts and size limits.
@@ -81,6 +85,24 @@ pub struct Config {
     pub access_log: AccessLog,
     /// HTTPS listeners (at least one).
     pub listeners: Vec<Listener>,
+}
+
+/// Whom the network-facing process runs as once its sockets are bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Privileges {
+    /// `server.user` (a name or a numeric id), if any.
+    pub user: Option<String>,
+    /// `server.group` (a name or a numeric id), if any.
+    pub group: Option<String>,
+}
+
+/// `server.key_isolation` and `server.key_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyPolicy {
+    /// Private keys live in a separate key process.
+    pub isolation: bool,
+    /// Longest wait for one signature from the key process.
+    pub timeout: Duration,
 }
 
 /// Timeouts and size limits (see [`file::LimitsSection`] for meanings).

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::file::{CertificateSection, ConfigFile, ListenerSection};
 use crate::{
-    AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KxGroup, Limits,
-    Listener, LogFormat, LogTarget, TlsPolicy, TlsVersion, UnknownSni,
+    AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KeyPolicy,
+    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, TlsPolicy, TlsVersion, UnknownSni,
 };
 
 const FLAGS: &str = "command line";
@@ -200,6 +200,16 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         n => c.within("server.workers", n, 1, 1024)?,
     };
     let backlog = c.within("server.backlog", f.server.backlog, 1, 65535)?;
+    if f.server.user.trim().is_empty() && !f.server.group.trim().is_empty() {
+        return Err(c.err(
+            "server.group",
+            "expected server.user too: a group alone would leave the process running as root",
+        ));
+    }
+    let keys = KeyPolicy {
+        isolation: f.server.key_isolation,
+        timeout: c.positive("server.key_timeout", f.server.key_timeout)?,
+    };
     let admin = match f.admin.listen.trim() {
         "" => None,
         s => Some(c.addr("admin.listen", s)?),
@@ -286,6 +296,11 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         server_header: Some(f.server.server_header.clone()).filter(|s| !s.is_empty()),
         shutdown_timeout: c.positive("server.shutdown_timeout", f.server.shutdown_timeout)?,
         backlog,
+        privileges: Privileges {
+            user: Some(f.server.user.trim().to_string()).filter(|s| !s.is_empty()),
+            group: Some(f.server.group.trim().to_string()).filter(|s| !s.is_empty()),
+        },
+        keys,
         admin,
         limits,
         tls,
@@ -558,6 +573,8 @@ names = ["example.com", "*.example.com"]
         };
         assert!(f[0].default, "first certificate is the default");
         assert_eq!(c.tls.cipher_suites.len(), 9);
+        assert!(c.keys.isolation, "keys are isolated unless turned off");
+        assert_eq!(c.privileges, Privileges::default());
     }
 
     #[test]
@@ -580,6 +597,8 @@ names = ["example.com", "*.example.com"]
             ("[tls]\nunknown_sni = \"maybe\"\n", "tls.unknown_sni", "reject"),
             ("[tls]\ncipher_suites = [\"RC4\"]\n", "tls.cipher_suites", "unknown name"),
             ("[admin]\nlisten = \"nowhere\"\n", "admin.listen", "socket address"),
+            ("[server]\ngroup = \"nogroup\"\n", "server.group", "server.user"),
+            ("[server]\nkey_timeout = \"0s\"\n", "server.key_timeout", "greater than zero"),
             ("[access_log]\nformat = \"xml\"\n", "access_log.format", "json"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"missing\"\nself_signed = true\n", "listener[0].root", "existing directory"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n", "listener[0].certificate", "at least one"),

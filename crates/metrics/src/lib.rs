@@ -76,6 +76,12 @@ pub struct Metrics {
     pub handshakes_in_progress: Gauge,
     /// Sources the handshake limits remember (set when the metrics are read).
     pub handshake_sources_tracked: Gauge,
+    /// Signatures the key process could not give, by reason.
+    pub key_failures: Family<ReasonLabel, Counter>,
+    /// Key servers connected after the first (restarts).
+    pub key_restarts: Counter,
+    /// 1 while a key server is connected (always 1 without isolation).
+    pub key_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -104,6 +110,9 @@ impl Metrics {
             reloads: Family::default(),
             handshakes_in_progress: Gauge::default(),
             handshake_sources_tracked: Gauge::default(),
+            key_failures: Family::default(),
+            key_restarts: Counter::default(),
+            key_up: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -171,6 +180,21 @@ impl Metrics {
             "handshake_sources_tracked",
             "Client sources remembered by the handshake flood limits",
             m.handshake_sources_tracked.clone(),
+        );
+        r.register(
+            "key_failures",
+            "Signatures the key process could not give, by reason",
+            m.key_failures.clone(),
+        );
+        r.register(
+            "key_restarts",
+            "Key servers started again after one exited",
+            m.key_restarts.clone(),
+        );
+        r.register(
+            "key_up",
+            "1 while the key process is connected",
+            m.key_up.clone(),
         );
         m
     }

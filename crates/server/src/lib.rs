@@ -12,7 +12,9 @@ mod conn;
 mod flood;
 mod generation;
 mod http;
+mod keys;
 mod limiter;
+mod privileges;
 mod transport;
 mod worker;
 
@@ -26,10 +28,12 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 pub use access_log::AccessLog;
-pub use generation::{Generation, SelfSignedCache};
+pub use generation::Generation;
+pub use tlsgate_tls::SelfSignedCache;
 pub use transport::Transport;
 
 use flood::HandshakeLimiter;
+use keys::Keys;
 use limiter::ConnLimiter;
 use worker::WorkerSocket;
 
@@ -54,6 +58,12 @@ pub enum StartError {
     /// Something else the process needs (threads, runtime, log file).
     #[error("cannot start: {0}")]
     Io(#[from] std::io::Error),
+    /// The key process could not be started or used.
+    #[error("{0}")]
+    Keys(#[from] tlsgate_keyserver::KeyError),
+    /// `server.user` / `server.group` could not be applied.
+    #[error("cannot drop privileges: {0}")]
+    Privileges(String),
 }
 
 /// State shared by the main thread and every worker.
@@ -84,7 +94,8 @@ pub struct Launch {
 }
 
 impl Launch {
-    fn load(&self) -> Result<Config, ConfigError> {
+    /// Reads and validates the configuration it names.
+    pub fn load(&self) -> Result<Config, ConfigError> {
         tlsgate_config::load(
             self.config_path.as_deref(),
             &self.overrides,
@@ -97,15 +108,23 @@ impl Launch {
 /// certificates and keys, the document roots.
 pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let config = launch.load()?;
-    let gen = generation::build(config, &SelfSignedCache::default())?;
+    privileges::resolve(&config)?;
+    let keys = Keys::start(&config, launch)?;
+    let certs = keys.certificates(&config, &[])?;
+    let gen = generation::build(config, certs)?;
     Ok(gen.config)
 }
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub fn run(launch: Launch) -> Result<(), StartError> {
     let config = launch.load()?;
-    let self_signed = SelfSignedCache::default();
-    let gen = generation::build(config, &self_signed)?;
+    let ids = privileges::resolve(&config)?;
+    // The key process is started while we still have privileges, so that
+    // it keeps them (and can be restarted) after we drop ours.
+    let keys = Keys::start(&config, &launch)?;
+    let certs = keys.certificates(&config, &[])?;
+    let gen = generation::build(config, certs)?;
+    keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -159,6 +178,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         }
         None => None,
     };
+    // Every socket is bound and no thread runs yet: drop privileges now.
+    privileges::drop(ids)?;
     let access_log = AccessLog::start(&gen.config.access_log.target)?;
 
     let (shutdown, _) = watch::channel(false);
@@ -170,6 +191,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         access_log,
         shutdown,
     });
+    let (rekey, mut rekeyed) = tokio::sync::mpsc::unbounded_channel();
+    keys.start_threads(&shared, rekey)?;
     let mut threads = Vec::with_capacity(workers);
     for (id, sockets) in per_worker.into_iter().enumerate() {
         threads.push(worker::spawn(id, shared.clone(), sockets)?);
@@ -191,7 +214,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(&launch, &shared, &self_signed),
+                _ = hup.recv() => reload(&launch, &shared, &keys),
+                Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys),
             }
         }
         Ok::<(), std::io::Error>(())
@@ -212,11 +236,14 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
 
 /// Rebuilds the generation from the same sources; on any error the running
 /// one stays and the error is logged.
-fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache) {
+fn reload(launch: &Launch, shared: &Shared, keys: &Keys) {
     let result = launch
         .load()
         .map_err(StartError::from)
-        .and_then(|c| generation::build(c, self_signed))
+        .and_then(|c| {
+            let certs = keys.certificates(&c, &shared.current.load().key_ids)?;
+            generation::build(c, certs)
+        })
         .and_then(|new| {
             let old = shared.current.load();
             let addrs = |g: &Generation| {
@@ -236,6 +263,12 @@ fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache) {
             if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
                 tracing::warn!("server.workers and admin.listen take effect at the next restart");
             }
+            if new.config.keys != old.config.keys || new.config.privileges != old.config.privileges
+            {
+                tracing::warn!(
+                    "server.key_isolation, key_timeout, user and group take effect at the next restart"
+                );
+            }
             Ok(new)
         });
     match result {
@@ -244,6 +277,7 @@ fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache) {
                 .access_log
                 .reopen(new.config.access_log.target.clone());
             let origin = new.config.origin.clone();
+            keys.set_active(new.key_ids.clone());
             shared.current.store(Arc::new(new));
             shared
                 .metrics
