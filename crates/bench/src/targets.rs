@@ -262,6 +262,13 @@ fn fd_limit() -> u64 {
         .min(1 << 20)
 }
 
+/// The most connections every target can hold at once here: HAProxy
+/// reserves two descriptors per connection, and a container may forbid
+/// raising the descriptor limit.
+pub fn connection_ceiling() -> usize {
+    (fd_limit().saturating_sub(100) / 2).saturating_sub(100) as usize
+}
+
 fn free_port() -> Result<u16, BenchError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(BenchError::io("127.0.0.1:0"))?;
     Ok(l.local_addr()

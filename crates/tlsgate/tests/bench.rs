@@ -2,6 +2,8 @@
 //! HAProxy and tlsgate: every scenario must produce sane, non-zero figures.
 //! Never a timing threshold (CI machines are shared and noisy).
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::process::Command;
 
@@ -14,7 +16,14 @@ fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&text).expect("results are JSON")
 }
 
+/// One test, run in sequence: two benches at once would pin their servers
+/// to the same core and measure each other.
 #[test]
+fn quick_bench_and_cost_model() {
+    quick_bench_measures_every_scenario_on_every_target();
+    cost_model_calibrates_predicts_and_validates();
+}
+
 fn quick_bench_measures_every_scenario_on_every_target() {
     for program in ["/usr/sbin/nginx", "/usr/sbin/haproxy"] {
         assert!(
@@ -103,7 +112,6 @@ fn quick_bench_measures_every_scenario_on_every_target() {
     }
 }
 
-#[test]
 fn cost_model_calibrates_predicts_and_validates() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.json");
