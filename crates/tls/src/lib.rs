@@ -12,9 +12,11 @@ mod conn;
 mod context;
 pub mod error;
 pub mod resolver;
+pub mod tickets;
 
 pub use certs::{load, self_signed, LoadedCert, SelfSigned};
 pub use conn::{accept, TlsConnection};
 pub use context::TlsContext;
 pub use error::{CertError, HandshakeError};
 pub use rustls;
+pub use tickets::{TicketKeyError, TicketKeys, TicketObserver};
