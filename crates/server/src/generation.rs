@@ -8,6 +8,7 @@ use tlsgate_config::{Certificates, Config, ConfigError};
 use tlsgate_files::{DocumentRoot, RootOptions};
 use tlsgate_tls::{LoadedCert, TlsContext};
 
+use crate::tickets::TicketCache;
 use crate::StartError;
 
 /// What one listener serves.
@@ -47,8 +48,19 @@ impl SelfSignedCache {
 
 /// Builds a generation, checking everything a config file cannot show by
 /// itself: certificates parse and match their keys, roots open.
-pub fn build(config: Config, self_signed: &SelfSignedCache) -> Result<Generation, StartError> {
+pub fn build(
+    config: Config,
+    self_signed: &SelfSignedCache,
+    tickets: &TicketCache,
+) -> Result<Generation, StartError> {
     let origin = config.origin.clone();
+    let ticket_keys = tickets.get(&config.tls.tickets).map_err(|e| {
+        let key = match config.tls.tickets.key_file {
+            Some(_) => "tls.ticket_key_file",
+            None => "tls.session_tickets",
+        };
+        ConfigError::new(&origin, key, e.to_string())
+    })?;
     let mut sites = Vec::with_capacity(config.listeners.len());
     for l in &config.listeners {
         let certs = match &l.certificates {
@@ -68,13 +80,18 @@ pub fn build(config: Config, self_signed: &SelfSignedCache) -> Result<Generation
                 })
                 .collect::<Result<Vec<_>, _>>()?,
         };
-        let tls = TlsContext::new(&config.tls, &certs).map_err(|e| {
+        let mut tls = TlsContext::new(&config.tls, &certs).map_err(|e| {
             ConfigError::new(
                 &origin,
                 "tls",
                 format!("cannot build the TLS configuration: {e}"),
             )
         })?;
+        if let Some(keys) = &ticket_keys {
+            // Bound to the listener: its tickets resume only on the listener
+            // at the same place in the configuration (here or on a fleet peer).
+            tls.set_ticketer(keys.for_listener(&l.key_path));
+        }
         let root = DocumentRoot::open(
             &l.root,
             RootOptions {

@@ -12,6 +12,7 @@ mod conn;
 mod generation;
 mod http;
 mod limiter;
+mod tickets;
 mod transport;
 mod worker;
 
@@ -26,6 +27,7 @@ use tokio::sync::watch;
 
 pub use access_log::AccessLog;
 pub use generation::{Generation, SelfSignedCache};
+pub use tickets::TicketCache;
 pub use transport::Transport;
 
 use limiter::ConnLimiter;
@@ -93,7 +95,11 @@ impl Launch {
 /// certificates and keys, the document roots.
 pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let config = launch.load()?;
-    let gen = generation::build(config, &SelfSignedCache::default())?;
+    let gen = generation::build(
+        config,
+        &SelfSignedCache::default(),
+        &TicketCache::checking(),
+    )?;
     Ok(gen.config)
 }
 
@@ -101,7 +107,9 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
 pub fn run(launch: Launch) -> Result<(), StartError> {
     let config = launch.load()?;
     let self_signed = SelfSignedCache::default();
-    let gen = generation::build(config, &self_signed)?;
+    let metrics = Metrics::new();
+    let tickets = TicketCache::serving(&metrics);
+    let gen = generation::build(config, &self_signed, &tickets)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -160,7 +168,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         current: ArcSwap::from_pointee(gen),
-        metrics: Metrics::new(),
+        metrics,
         limiter: Arc::new(ConnLimiter::default()),
         access_log,
         shutdown,
@@ -186,7 +194,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(&launch, &shared, &self_signed),
+                _ = hup.recv() => reload(&launch, &shared, &self_signed, &tickets),
             }
         }
         Ok::<(), std::io::Error>(())
@@ -207,11 +215,11 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
 
 /// Rebuilds the generation from the same sources; on any error the running
 /// one stays and the error is logged.
-fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache) {
+fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache, tickets: &TicketCache) {
     let result = launch
         .load()
         .map_err(StartError::from)
-        .and_then(|c| generation::build(c, self_signed))
+        .and_then(|c| generation::build(c, self_signed, tickets))
         .and_then(|new| {
             let old = shared.current.load();
             let addrs = |g: &Generation| {

@@ -81,6 +81,9 @@ pub enum TicketKeyError {
     /// The crypto library failed (random source, key setup).
     #[error("cannot make a ticket key: {0}")]
     Crypto(&'static str),
+    /// The refresher thread could not start.
+    #[error("cannot start the ticket key thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// What identifies a version of the key file: a rename (new inode), a
@@ -308,7 +311,7 @@ impl TicketKeys {
 
     /// Starts the thread that calls [`refresh`](Self::refresh) every
     /// second; it ends once these keys are dropped.
-    pub fn spawn_refresher(self: &Arc<Self>) -> std::io::Result<()> {
+    pub fn spawn_refresher(self: &Arc<Self>) -> Result<(), TicketKeyError> {
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("ticket-keys".into())
@@ -318,7 +321,8 @@ impl TicketKeys {
                     Some(keys) => keys.refresh(),
                     None => return,
                 }
-            })?;
+            })
+            .map_err(TicketKeyError::Thread)?;
         Ok(())
     }
 
