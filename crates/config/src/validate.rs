@@ -590,6 +590,23 @@ names = ["example.com", "*.example.com"]
     }
 
     #[test]
+    fn ticket_settings_default_and_key_file_is_relative_to_the_file() {
+        let c = load_text(GOOD).unwrap();
+        assert!(c.tls.tickets.enabled);
+        assert_eq!(c.tls.tickets.tls13_count, 2);
+        assert_eq!(c.tls.tickets.lifetime, Duration::from_secs(12 * 3600));
+        assert_eq!(c.tls.tickets.rotation, Duration::from_secs(3600));
+        assert_eq!(c.tls.tickets.key_file, None);
+        let text = format!(
+            "[tls]\nticket_key_file = \"keys/ticket.keys\"\nticket_lifetime = \"2h\"\n{GOOD}"
+        );
+        let c = load_text(&text).unwrap();
+        let k = c.tls.tickets.key_file.unwrap();
+        assert!(k.is_absolute() && k.ends_with("keys/ticket.keys"), "{k:?}");
+        assert_eq!(c.tls.tickets.lifetime, Duration::from_secs(7200));
+    }
+
+    #[test]
     fn builtin_defaults_are_valid() {
         let dir = tempfile::tempdir().unwrap();
         let c = load(None, &Overrides::default(), dir.path()).unwrap();

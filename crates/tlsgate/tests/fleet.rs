@@ -441,3 +441,55 @@ fn a_bad_key_file_stops_the_start_naming_file_and_key() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn in_memory_keys_rotate_and_survive_a_reload() {
+    let fx = Fixture::new();
+    let top = "[tls]\nticket_rotation = \"1s\"\nsession_cache_size = 0\n";
+    let s = Server::start(&fx, &fx.config(top, ""));
+    // Sessions made under the first key, for after rotation, after a
+    // reload, and after a reload that changes the ticket settings.
+    let sessions: Vec<_> = VERSIONS
+        .iter()
+        .map(|(version, label)| {
+            let three = [client(version), client(version), client(version)];
+            for c in &three {
+                assert_eq!(visit(&s, c), HandshakeKind::Full, "{label}");
+            }
+            (*label, three)
+        })
+        .collect();
+    let text = s.metrics_when(|t| sample(t, "tlsgate_ticket_key_rotations_total") >= 2.0);
+    assert!(
+        sample(&text, "tlsgate_ticket_key_rotations_total") >= 2.0,
+        "{text}"
+    );
+    assert!(sample(&text, "tlsgate_ticket_keys") >= 3.0, "{text}");
+    for (label, [rotated, _, _]) in &sessions {
+        assert_eq!(
+            visit(&s, rotated),
+            HandshakeKind::Resumed,
+            "{label}: old key kept"
+        );
+    }
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    for (label, [_, reloaded, _]) in &sessions {
+        assert_eq!(
+            visit(&s, reloaded),
+            HandshakeKind::Resumed,
+            "{label}: keys survive a reload"
+        );
+    }
+    // New ticket settings on reload: new keys, old tickets end.
+    fx.write_config(&fx.config(&format!("{top}ticket_lifetime = \"2h\"\n"), ""));
+    s.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.log().matches("reloaded configuration").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (label, [_, _, changed]) in &sessions {
+        assert_eq!(visit(&s, changed), HandshakeKind::Full, "{label}: new keys");
+    }
+}

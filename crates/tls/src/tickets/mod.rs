@@ -272,6 +272,9 @@ impl TicketKeys {
                 keep.push(k.clone());
             }
         }
+        // Bounded like a key file: a rotation much shorter than the
+        // lifetime cuts the oldest tickets short instead of growing the ring.
+        keep.truncate(file::MAX_KEYS);
         if rotated || keep.len() != current.len() {
             if rotated {
                 tracing::debug!(

@@ -229,6 +229,13 @@ fn in_memory_rotation_keeps_old_keys_for_a_lifetime() {
         keys.refresh();
     }
     assert!(keys.key_count() <= 5, "{}", keys.key_count());
+    // A rotation far shorter than the lifetime: the ring stays bounded.
+    let (keys, _) = memory(86_400, 1, &hand);
+    for _ in 0..(file::MAX_KEYS + 10) {
+        hand.advance(1);
+        keys.refresh();
+    }
+    assert_eq!(keys.key_count(), file::MAX_KEYS);
 }
 
 #[test]
