@@ -264,10 +264,10 @@ impl TicketKeys {
         // tickets expire a lifetime after that.
         let mut keep: Ring = Vec::with_capacity(all.len());
         for (i, k) in all.iter().enumerate() {
-            let retired = match i.checked_sub(1).and_then(|p| all.get(p)) {
-                None => None,
-                Some(newer) => Some(newer.since),
-            };
+            let retired = i
+                .checked_sub(1)
+                .and_then(|p| all.get(p))
+                .map(|newer| newer.since);
             if retired.is_none_or(|t| now.saturating_sub(t) <= u64::from(self.lifetime)) {
                 keep.push(k.clone());
             }
