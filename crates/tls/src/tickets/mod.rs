@@ -189,7 +189,8 @@ impl TicketKeys {
                 )
             }
             None => {
-                let secret = Secret::generate().map_err(|_| TicketKeyError::Crypto("no random"))?;
+                let secret = Secret::generate()
+                    .map_err(|_| TicketKeyError::Crypto("the system random source failed"))?;
                 (
                     vec![derive(&secret, now)?],
                     Source::Memory {
@@ -251,7 +252,7 @@ impl TicketKeys {
         let mut all: Ring = Vec::with_capacity(current.len() + 1);
         if due {
             match Secret::generate()
-                .map_err(|_| TicketKeyError::Crypto("no random"))
+                .map_err(|_| TicketKeyError::Crypto("the system random source failed"))
                 .and_then(|s| derive(&s, now))
             {
                 Ok(k) => all.push(k),
