@@ -39,6 +39,15 @@ pub struct ServerSection {
     pub shutdown_timeout: Duration,
     /// Listen backlog of every listening socket.
     pub backlog: u32,
+    /// User the network-facing process runs as after binding; "" = stay.
+    pub user: String,
+    /// Group it runs as; "" = the user's primary group.
+    pub group: String,
+    /// Keep private keys in a separate key process (false: in-process).
+    pub key_isolation: bool,
+    /// How long a handshake waits for the key process to sign.
+    #[serde(with = "humantime_serde")]
+    pub key_timeout: Duration,
 }
 
 impl Default for ServerSection {
@@ -48,6 +57,10 @@ impl Default for ServerSection {
             server_header: "tlsgate".into(),
             shutdown_timeout: Duration::from_secs(10),
             backlog: 1024,
+            user: String::new(),
+            group: String::new(),
+            key_isolation: true,
+            key_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -102,6 +115,20 @@ pub struct LimitsSection {
     pub max_connections_per_ip: usize,
     /// Requests served on one connection before it is closed.
     pub max_requests_per_connection: u64,
+    /// New handshakes per second allowed from one source (token refill rate); 0 = no rate limit.
+    pub handshake_rate_per_source: u32,
+    /// Handshakes one source may start at once after being quiet (token bucket size).
+    pub handshake_burst_per_source: u32,
+    /// Handshakes in progress from one source; 0 = no limit.
+    pub max_handshakes_per_source: usize,
+    /// Handshakes in progress over all listeners and workers; 0 = no limit.
+    pub max_handshakes_in_progress: usize,
+    /// IPv4 sources sharing this many leading bits count as one source.
+    pub source_prefix_v4: u8,
+    /// IPv6 sources sharing this many leading bits count as one source.
+    pub source_prefix_v6: u8,
+    /// Sources whose handshake state is remembered; idle ones are evicted first.
+    pub max_tracked_sources: usize,
 }
 
 impl Default for LimitsSection {
@@ -119,6 +146,13 @@ impl Default for LimitsSection {
             max_connections: 20_000,
             max_connections_per_ip: 512,
             max_requests_per_connection: 10_000,
+            handshake_rate_per_source: 100,
+            handshake_burst_per_source: 500,
+            max_handshakes_per_source: 128,
+            max_handshakes_in_progress: 5_000,
+            source_prefix_v4: 32,
+            source_prefix_v6: 64,
+            max_tracked_sources: 100_000,
         }
     }
 }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod file;
+mod handshake;
 mod validate;
 
 use std::fmt;
@@ -70,6 +71,10 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Listen backlog.
     pub backlog: u32,
+    /// Privileges kept by the network-facing process.
+    pub privileges: Privileges,
+    /// Where private keys live and sign.
+    pub keys: KeyPolicy,
     /// Admin (metrics) listener address.
     pub admin: Option<SocketAddr>,
     /// Timeouts and size limits.
@@ -80,6 +85,24 @@ pub struct Config {
     pub access_log: AccessLog,
     /// HTTPS listeners (at least one).
     pub listeners: Vec<Listener>,
+}
+
+/// Whom the network-facing process runs as once its sockets are bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Privileges {
+    /// `server.user` (a name or a numeric id), if any.
+    pub user: Option<String>,
+    /// `server.group` (a name or a numeric id), if any.
+    pub group: Option<String>,
+}
+
+/// `server.key_isolation` and `server.key_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyPolicy {
+    /// Private keys live in a separate key process.
+    pub isolation: bool,
+    /// Longest wait for one signature from the key process.
+    pub timeout: Duration,
 }
 
 /// Timeouts and size limits (see [`file::LimitsSection`] for meanings).
@@ -98,6 +121,35 @@ pub struct Limits {
     pub max_connections: usize,
     pub max_connections_per_ip: usize,
     pub max_requests_per_connection: u64,
+    /// The handshake flood limits (`handshake_*`, `*_handshakes_*`, `source_prefix_*`, `max_tracked_sources`).
+    pub handshake: HandshakeLimits,
+}
+
+/// Limits on TLS handshakes, checked at accept before any TLS work (see
+/// [`file::LimitsSection`] for meanings). `None` means the limit is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeLimits {
+    /// Token bucket of each source: refill rate per second, size.
+    pub rate_per_source: Option<HandshakeRate>,
+    /// Handshakes in progress from one source.
+    pub max_per_source: Option<usize>,
+    /// Handshakes in progress overall.
+    pub max_in_progress: Option<usize>,
+    /// Prefix length (1..=32) that groups IPv4 sources.
+    pub source_prefix_v4: u8,
+    /// Prefix length (1..=128) that groups IPv6 sources.
+    pub source_prefix_v6: u8,
+    /// Bound on the per-source state kept in memory.
+    pub max_tracked_sources: usize,
+}
+
+/// A token bucket: `per_second` tokens added each second, at most `burst` kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeRate {
+    /// Refill rate (at least 1).
+    pub per_second: u32,
+    /// Bucket size (at least 1).
+    pub burst: u32,
 }
 
 /// A TLS protocol version tlsgate offers.

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use crate::file::{CertificateSection, ConfigFile, ListenerSection};
 use crate::{
-    AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KxGroup, Limits,
-    Listener, LogFormat, LogTarget, SessionTickets, TlsPolicy, TlsVersion, UnknownSni,
+    AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KeyPolicy,
+    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, SessionTickets, TlsPolicy,
+    TlsVersion, UnknownSni,
 };
 
 const FLAGS: &str = "command line";
@@ -152,12 +153,12 @@ fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigErr
     Ok(())
 }
 
-struct Checker<'a> {
-    origin: &'a str,
+pub(crate) struct Checker<'a> {
+    pub(crate) origin: &'a str,
 }
 
 impl Checker<'_> {
-    fn err(&self, key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    pub(crate) fn err(&self, key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
         ConfigError::new(self.origin, key, problem)
     }
 
@@ -169,7 +170,7 @@ impl Checker<'_> {
         }
     }
 
-    fn within<T: PartialOrd + std::fmt::Display + Copy>(
+    pub(crate) fn within<T: PartialOrd + std::fmt::Display + Copy>(
         &self,
         key: &str,
         v: T,
@@ -203,6 +204,16 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         n => c.within("server.workers", n, 1, 1024)?,
     };
     let backlog = c.within("server.backlog", f.server.backlog, 1, 65535)?;
+    if f.server.user.trim().is_empty() && !f.server.group.trim().is_empty() {
+        return Err(c.err(
+            "server.group",
+            "expected server.user too: a group alone would leave the process running as root",
+        ));
+    }
+    let keys = KeyPolicy {
+        isolation: f.server.key_isolation,
+        timeout: c.positive("server.key_timeout", f.server.key_timeout)?,
+    };
     let admin = match f.admin.listen.trim() {
         "" => None,
         s => Some(c.addr("admin.listen", s)?),
@@ -239,6 +250,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
             1,
             u64::MAX,
         )?,
+        handshake: crate::handshake::validate(&c, l)?,
     };
 
     let tls = validate_tls(&c, &f)?;
@@ -288,6 +300,11 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         server_header: Some(f.server.server_header.clone()).filter(|s| !s.is_empty()),
         shutdown_timeout: c.positive("server.shutdown_timeout", f.server.shutdown_timeout)?,
         backlog,
+        privileges: Privileges {
+            user: Some(f.server.user.trim().to_string()).filter(|s| !s.is_empty()),
+            group: Some(f.server.group.trim().to_string()).filter(|s| !s.is_empty()),
+        },
+        keys,
         admin,
         limits,
         tls,
@@ -587,6 +604,8 @@ names = ["example.com", "*.example.com"]
         };
         assert!(f[0].default, "first certificate is the default");
         assert_eq!(c.tls.cipher_suites.len(), 9);
+        assert!(c.keys.isolation, "keys are isolated unless turned off");
+        assert_eq!(c.privileges, Privileges::default());
     }
 
     #[test]
@@ -626,6 +645,8 @@ names = ["example.com", "*.example.com"]
             ("[tls]\nunknown_sni = \"maybe\"\n", "tls.unknown_sni", "reject"),
             ("[tls]\ncipher_suites = [\"RC4\"]\n", "tls.cipher_suites", "unknown name"),
             ("[admin]\nlisten = \"nowhere\"\n", "admin.listen", "socket address"),
+            ("[server]\ngroup = \"nogroup\"\n", "server.group", "server.user"),
+            ("[server]\nkey_timeout = \"0s\"\n", "server.key_timeout", "greater than zero"),
             ("[access_log]\nformat = \"xml\"\n", "access_log.format", "json"),
             ("[tls]\nticket_lifetime = \"8days\"\n", "tls.ticket_lifetime", "7days"),
             ("[tls]\nticket_rotation = \"1500ms\"\n", "tls.ticket_rotation", "whole seconds"),
@@ -636,6 +657,8 @@ names = ["example.com", "*.example.com"]
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"bad name\"]\n", "listener[0].certificate[0].names", "DNS names"),
             ("", "listener", "at least one"),
             ("[limits\n", "", "line 1"),
+            ("[limits]\nsource_prefix_v6 = 129\n", "limits.source_prefix_v6", "from 1 to 128"),
+            ("[limits]\nhandshake_burst_per_source = 0\n", "limits.handshake_burst_per_source", "from 1 to"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();

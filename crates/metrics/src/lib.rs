@@ -87,6 +87,16 @@ pub struct Metrics {
     pub ticket_key_rotations: Counter,
     /// Ticket keys in use.
     pub ticket_keys: Gauge,
+    /// TLS handshakes in progress (set when the metrics are read).
+    pub handshakes_in_progress: Gauge,
+    /// Sources the handshake limits remember (set when the metrics are read).
+    pub handshake_sources_tracked: Gauge,
+    /// Signatures the key process could not give, by reason.
+    pub key_failures: Family<ReasonLabel, Counter>,
+    /// Key servers connected after the first (restarts).
+    pub key_restarts: Counter,
+    /// 1 while a key server is connected (always 1 without isolation).
+    pub key_up: Gauge,
 }
 
 impl Default for Metrics {
@@ -118,6 +128,11 @@ impl Metrics {
             ticket_key_reloads: Family::default(),
             ticket_key_rotations: Counter::default(),
             ticket_keys: Gauge::default(),
+            handshakes_in_progress: Gauge::default(),
+            handshake_sources_tracked: Gauge::default(),
+            key_failures: Family::default(),
+            key_restarts: Counter::default(),
+            key_up: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -197,6 +212,31 @@ impl Metrics {
             m.ticket_key_rotations.clone(),
         );
         r.register("ticket_keys", "Ticket keys in use", m.ticket_keys.clone());
+        r.register(
+            "handshakes_in_progress",
+            "TLS handshakes in progress",
+            m.handshakes_in_progress.clone(),
+        );
+        r.register(
+            "handshake_sources_tracked",
+            "Client sources remembered by the handshake flood limits",
+            m.handshake_sources_tracked.clone(),
+        );
+        r.register(
+            "key_failures",
+            "Signatures the key process could not give, by reason",
+            m.key_failures.clone(),
+        );
+        r.register(
+            "key_restarts",
+            "Key servers started again after one exited",
+            m.key_restarts.clone(),
+        );
+        r.register(
+            "key_up",
+            "1 while the key process is connected",
+            m.key_up.clone(),
+        );
         m
     }
 

@@ -60,11 +60,14 @@ async fn handle(shared: &Shared, mut sock: TcpStream) -> std::io::Result<()> {
             (405, "text/plain", "only GET and HEAD\n".into())
         }
         Some(h) => match h.path() {
-            b"/metrics" => (
-                200,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                shared.metrics.render(),
-            ),
+            b"/metrics" => {
+                shared.handshakes.export(&shared.metrics);
+                (
+                    200,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    shared.metrics.render(),
+                )
+            }
             b"/healthz" if *shared.shutdown.borrow() => {
                 (503, "text/plain", "shutting down\n".into())
             }

@@ -9,6 +9,7 @@ use tlsgate_metrics::{HandshakeLabels, ReasonLabel};
 use tlsgate_tls::rustls::{HandshakeKind, ProtocolVersion};
 use tokio::net::TcpStream;
 
+use crate::flood::HandshakeSlot;
 use crate::http::{self, HttpCtx};
 use crate::limiter::Permit;
 use crate::Shared;
@@ -37,6 +38,7 @@ pub(crate) async fn handle(
     sock: TcpStream,
     peer: SocketAddr,
     _permit: Permit,
+    slot: HandshakeSlot,
 ) {
     let m = &shared.metrics;
     m.connections_total.inc();
@@ -54,6 +56,8 @@ pub(crate) async fn handle(
         tlsgate_tls::accept(sock, &site.tls),
     )
     .await;
+    // The handshake is over, however it ended: free its slot.
+    drop(slot);
     let mut conn = match handshake {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {

@@ -2,9 +2,7 @@
 //! open document roots). Connections hold the generation they were accepted
 //! under, so a reload swaps in a new one without touching them.
 
-use std::sync::OnceLock;
-
-use tlsgate_config::{Certificates, Config, ConfigError};
+use tlsgate_config::{Config, ConfigError};
 use tlsgate_files::{DocumentRoot, RootOptions};
 use tlsgate_tls::{LoadedCert, TlsContext};
 
@@ -25,32 +23,16 @@ pub struct Generation {
     pub config: Config,
     /// One site per `config.listeners` entry, same order.
     pub sites: Vec<Site>,
+    /// Ids of the keys its certificates sign with.
+    pub key_ids: Vec<u64>,
 }
 
-/// The self-signed certificate, made once per process and kept across reloads.
-#[derive(Default)]
-pub struct SelfSignedCache(OnceLock<Result<LoadedCert, String>>);
-
-impl SelfSignedCache {
-    fn get(&self) -> Result<LoadedCert, String> {
-        self.0
-            .get_or_init(|| {
-                let made = tlsgate_tls::self_signed().map_err(|e| e.to_string())?;
-                tracing::info!(
-                    "generated a self-signed ECDSA P-256 certificate for localhost, 127.0.0.1 and ::1, \
-                     valid 90 days; clients must skip verification (curl -k)"
-                );
-                Ok(made.loaded)
-            })
-            .clone()
-    }
-}
-
-/// Builds a generation, checking everything a config file cannot show by
-/// itself: certificates parse and match their keys, roots open.
+/// Builds a generation from `config` and the certificates of each of its
+/// listeners (loaded and checked against their keys by the key holder),
+/// checking what a config file cannot show by itself: roots open.
 pub fn build(
     config: Config,
-    self_signed: &SelfSignedCache,
+    certs: Vec<Vec<LoadedCert>>,
     tickets: &TicketCache,
 ) -> Result<Generation, StartError> {
     let origin = config.origin.clone();
@@ -61,25 +43,9 @@ pub fn build(
         };
         ConfigError::new(&origin, key, e.to_string())
     })?;
+    let key_ids = crate::keys::key_ids(&certs);
     let mut sites = Vec::with_capacity(config.listeners.len());
-    for l in &config.listeners {
-        let certs = match &l.certificates {
-            Certificates::SelfSigned => vec![self_signed.get().map_err(|problem| {
-                ConfigError::new(&origin, format!("{}.self_signed", l.key_path), problem)
-            })?],
-            Certificates::Files(files) => files
-                .iter()
-                .map(|f| {
-                    tlsgate_tls::load(f).map_err(|e| {
-                        ConfigError::new(
-                            &origin,
-                            e.key.clone(),
-                            format!("{} ({})", e.problem, e.path.display()),
-                        )
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-        };
+    for (l, certs) in config.listeners.iter().zip(certs) {
         let mut tls = TlsContext::new(&config.tls, &certs).map_err(|e| {
             ConfigError::new(
                 &origin,
@@ -102,5 +68,9 @@ pub fn build(
         .map_err(|e| ConfigError::new(&origin, format!("{}.root", l.key_path), e.to_string()))?;
         sites.push(Site { tls, root });
     }
-    Ok(Generation { config, sites })
+    Ok(Generation {
+        config,
+        sites,
+        key_ids,
+    })
 }

@@ -9,9 +9,12 @@
 mod access_log;
 mod admin;
 mod conn;
+mod flood;
 mod generation;
 mod http;
+mod keys;
 mod limiter;
+mod privileges;
 mod tickets;
 mod transport;
 mod worker;
@@ -26,10 +29,13 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
 pub use access_log::AccessLog;
-pub use generation::{Generation, SelfSignedCache};
+pub use generation::Generation;
 pub use tickets::TicketCache;
+pub use tlsgate_tls::SelfSignedCache;
 pub use transport::Transport;
 
+use flood::HandshakeLimiter;
+use keys::Keys;
 use limiter::ConnLimiter;
 use worker::WorkerSocket;
 
@@ -54,6 +60,12 @@ pub enum StartError {
     /// Something else the process needs (threads, runtime, log file).
     #[error("cannot start: {0}")]
     Io(#[from] std::io::Error),
+    /// The key process could not be started or used.
+    #[error("{0}")]
+    Keys(#[from] tlsgate_keyserver::KeyError),
+    /// `server.user` / `server.group` could not be applied.
+    #[error("cannot drop privileges: {0}")]
+    Privileges(String),
 }
 
 /// State shared by the main thread and every worker.
@@ -64,6 +76,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Connection limits.
     limiter: Arc<ConnLimiter>,
+    /// Handshake flood limits.
+    handshakes: Arc<HandshakeLimiter>,
     /// Access log writer.
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
@@ -82,7 +96,8 @@ pub struct Launch {
 }
 
 impl Launch {
-    fn load(&self) -> Result<Config, ConfigError> {
+    /// Reads and validates the configuration it names.
+    pub fn load(&self) -> Result<Config, ConfigError> {
         tlsgate_config::load(
             self.config_path.as_deref(),
             &self.overrides,
@@ -95,21 +110,25 @@ impl Launch {
 /// certificates and keys, the document roots.
 pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let config = launch.load()?;
-    let gen = generation::build(
-        config,
-        &SelfSignedCache::default(),
-        &TicketCache::checking(),
-    )?;
+    privileges::resolve(&config)?;
+    let keys = Keys::start(&config, launch)?;
+    let certs = keys.certificates(&config, &[])?;
+    let gen = generation::build(config, certs, &TicketCache::checking())?;
     Ok(gen.config)
 }
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub fn run(launch: Launch) -> Result<(), StartError> {
     let config = launch.load()?;
-    let self_signed = SelfSignedCache::default();
+    let ids = privileges::resolve(&config)?;
+    // The key process is started while we still have privileges, so that
+    // it keeps them (and can be restarted) after we drop ours.
+    let keys = Keys::start(&config, &launch)?;
+    let certs = keys.certificates(&config, &[])?;
     let metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics);
-    let gen = generation::build(config, &self_signed, &tickets)?;
+    let gen = generation::build(config, certs, &tickets)?;
+    keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -163,6 +182,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         }
         None => None,
     };
+    // Every socket is bound and no thread runs yet: drop privileges now.
+    privileges::drop(ids)?;
     let access_log = AccessLog::start(&gen.config.access_log.target)?;
 
     let (shutdown, _) = watch::channel(false);
@@ -170,9 +191,15 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         current: ArcSwap::from_pointee(gen),
         metrics,
         limiter: Arc::new(ConnLimiter::default()),
+        handshakes: Arc::new(HandshakeLimiter::default()),
         access_log,
         shutdown,
     });
+    let (rekey, mut rekeyed) = tokio::sync::mpsc::unbounded_channel();
+    keys.start_threads(&shared, rekey)?;
+    tickets
+        .start_threads()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut threads = Vec::with_capacity(workers);
     for (id, sockets) in per_worker.into_iter().enumerate() {
         threads.push(worker::spawn(id, shared.clone(), sockets)?);
@@ -194,7 +221,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(&launch, &shared, &self_signed, &tickets),
+                _ = hup.recv() => reload(&launch, &shared, &keys, &tickets),
+                Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
             }
         }
         Ok::<(), std::io::Error>(())
@@ -215,11 +243,14 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
 
 /// Rebuilds the generation from the same sources; on any error the running
 /// one stays and the error is logged.
-fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache, tickets: &TicketCache) {
+fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) {
     let result = launch
         .load()
         .map_err(StartError::from)
-        .and_then(|c| generation::build(c, self_signed, tickets))
+        .and_then(|c| {
+            let certs = keys.certificates(&c, &shared.current.load().key_ids)?;
+            generation::build(c, certs, tickets)
+        })
         .and_then(|new| {
             let old = shared.current.load();
             let addrs = |g: &Generation| {
@@ -239,6 +270,12 @@ fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache, ticke
             if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
                 tracing::warn!("server.workers and admin.listen take effect at the next restart");
             }
+            if new.config.keys != old.config.keys || new.config.privileges != old.config.privileges
+            {
+                tracing::warn!(
+                    "server.key_isolation, key_timeout, user and group take effect at the next restart"
+                );
+            }
             Ok(new)
         });
     match result {
@@ -247,6 +284,7 @@ fn reload(launch: &Launch, shared: &Shared, self_signed: &SelfSignedCache, ticke
                 .access_log
                 .reopen(new.config.access_log.target.clone());
             let origin = new.config.origin.clone();
+            keys.set_active(new.key_ids.clone());
             shared.current.store(Arc::new(new));
             shared
                 .metrics

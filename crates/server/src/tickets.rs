@@ -14,9 +14,14 @@ use tlsgate_tls::{TicketKeyError, TicketKeys, TicketObserver};
 /// The keys in use and the settings they were made for.
 pub struct TicketCache {
     observer: Arc<dyn TicketObserver>,
-    /// Start the refresher thread (rotation, key file polling); not for check-config.
-    refresh: bool,
-    current: Mutex<Option<(SessionTickets, Arc<TicketKeys>)>>,
+    state: Mutex<State>,
+}
+
+struct State {
+    current: Option<(SessionTickets, Arc<TicketKeys>)>,
+    /// Refresher threads (rotation, key file polling) may run: only once
+    /// serving has started and privileges are dropped; never for check-config.
+    threads: bool,
 }
 
 impl TicketCache {
@@ -24,18 +29,34 @@ impl TicketCache {
     pub fn checking() -> Self {
         Self {
             observer: Arc::new(tlsgate_tls::tickets::Quiet),
-            refresh: false,
-            current: Mutex::new(None),
+            state: Mutex::new(State {
+                current: None,
+                threads: false,
+            }),
         }
     }
 
-    /// Keys for serving: refreshed by their own thread, counted in `metrics`.
+    /// Keys for serving, counted in `metrics`; refreshed by their own
+    /// thread once [`start_threads`](Self::start_threads) was called.
     pub fn serving(metrics: &Metrics) -> Self {
         Self {
             observer: Arc::new(MetricsObserver::new(metrics)),
-            refresh: true,
-            current: Mutex::new(None),
+            state: Mutex::new(State {
+                current: None,
+                threads: false,
+            }),
         }
+    }
+
+    /// Starts the refresher of the current keys, and of any made later.
+    /// Called once the process may start threads (privileges dropped).
+    pub fn start_threads(&self) -> Result<(), TicketKeyError> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.threads = true;
+        if let Some((_, keys)) = &state.current {
+            keys.spawn_refresher()?;
+        }
+        Ok(())
     }
 
     /// The keys for `policy`: the current ones if only settings that do
@@ -52,17 +73,17 @@ impl TicketCache {
                 && old.key_file == policy.key_file
                 && (policy.key_file.is_some() || old.rotation == policy.rotation)
         };
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((old, keys)) = current.as_ref() {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((old, keys)) = state.current.as_ref() {
             if same(old) {
                 return Ok(Some(keys.clone()));
             }
         }
         let keys = TicketKeys::new(policy, self.observer.clone())?;
-        if self.refresh {
+        if state.threads {
             keys.spawn_refresher()?;
         }
-        *current = Some((policy.clone(), keys.clone()));
+        state.current = Some((policy.clone(), keys.clone()));
         Ok(Some(keys))
     }
 }

@@ -3,6 +3,7 @@
 //! between cores and the workers share nothing on the hot path.
 
 use std::io;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -11,6 +12,8 @@ use tlsgate_metrics::ReasonLabel;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
+use crate::flood::HandshakeSlot;
+use crate::limiter::Permit;
 use crate::Shared;
 
 /// A listening socket of one worker and the listener (site) it belongs to.
@@ -102,32 +105,41 @@ async fn accept_loop(
                 continue;
             }
         };
-        let (max_total, max_per_ip) = {
-            let gen = shared.current.load();
-            (
-                gen.config.limits.max_connections,
-                gen.config.limits.max_connections_per_ip,
-            )
-        };
-        match shared.limiter.try_acquire(peer.ip(), max_total, max_per_ip) {
-            Ok(permit) => {
+        match admit(&shared, peer.ip()) {
+            Ok((permit, slot)) => {
                 tracker.spawn(crate::conn::handle(
                     shared.clone(),
                     listener_idx,
                     sock,
                     peer,
                     permit,
+                    slot,
                 ));
             }
-            Err(refusal) => {
+            // Dropping the socket closes it: nothing read, no TLS work.
+            Err(reason) => {
                 shared
                     .metrics
                     .connections_rejected
-                    .get_or_create(&ReasonLabel {
-                        reason: refusal.reason(),
-                    })
+                    .get_or_create(&ReasonLabel { reason })
                     .inc();
             }
         }
     }
+}
+
+/// The connection limits, then the handshake flood limits; the error is
+/// the refusing limit's metric label.
+fn admit(shared: &Shared, ip: IpAddr) -> Result<(Permit, HandshakeSlot), &'static str> {
+    let gen = shared.current.load();
+    let limits = &gen.config.limits;
+    let permit = shared
+        .limiter
+        .try_acquire(ip, limits.max_connections, limits.max_connections_per_ip)
+        .map_err(|r| r.reason())?;
+    let slot = shared
+        .handshakes
+        .try_begin(ip, &limits.handshake)
+        .map_err(|r| r.reason())?;
+    Ok((permit, slot))
 }

@@ -1,15 +1,21 @@
-//! The kernel-facing layer of tlsgate: listening sockets now; kernel TLS
-//! (`TCP_ULP`, `SOL_TLS`), `sendfile` and BPF later.
+//! The kernel-facing layer of tlsgate: listening sockets, dropping
+//! privileges ([`privileges`]), the key process's socket and descriptor
+//! passing ([`ipc`]); kernel TLS (`TCP_ULP`, `SOL_TLS`), `sendfile` and BPF
+//! later.
 //!
 //! This is the one crate where `unsafe` will be allowed, each call behind a
 //! small function with a `// SAFETY:` note. Everything it does today goes
-//! through `socket2`, which is safe, so it still forbids `unsafe`.
+//! through `socket2`, `rustix` and `nix`, which are safe, so it still
+//! forbids `unsafe`.
 #![forbid(unsafe_code)]
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
 
 use socket2::{Domain, Protocol, Socket, Type};
+
+pub mod ipc;
+pub mod privileges;
 
 /// A syscall that failed, naming the call and the address.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@
 //! key has been built; nothing here logs key material.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustls::crypto::aws_lc_rs::sign::any_supported_type;
 use rustls::sign::CertifiedKey;
@@ -125,6 +125,57 @@ fn dns_names(der: &CertificateDer<'_>) -> Result<Vec<String>, String> {
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// The self-signed certificate, made once per process and kept across reloads.
+#[derive(Default)]
+pub struct SelfSignedCache(OnceLock<Result<LoadedCert, String>>);
+
+impl SelfSignedCache {
+    /// The certificate, made on first use.
+    pub fn get(&self) -> Result<LoadedCert, String> {
+        self.0
+            .get_or_init(|| {
+                let made = self_signed().map_err(|e| e.to_string())?;
+                tracing::info!(
+                    "generated a self-signed ECDSA P-256 certificate for localhost, 127.0.0.1 and ::1, \
+                     valid 90 days; clients must skip verification (curl -k)"
+                );
+                Ok(made.loaded)
+            })
+            .clone()
+    }
+}
+
+/// Loads the certificates and keys of every listener of `config`, in the
+/// order of `config.listeners`, reporting problems under their config keys.
+pub fn load_all(
+    config: &tlsgate_config::Config,
+    self_signed: &SelfSignedCache,
+) -> Result<Vec<Vec<LoadedCert>>, tlsgate_config::ConfigError> {
+    use tlsgate_config::{Certificates, ConfigError};
+    let origin = &config.origin;
+    config
+        .listeners
+        .iter()
+        .map(|l| match &l.certificates {
+            Certificates::SelfSigned => Ok(vec![self_signed.get().map_err(|problem| {
+                ConfigError::new(origin, format!("{}.self_signed", l.key_path), problem)
+            })?]),
+            Certificates::Files(files) => files
+                .iter()
+                .map(|f| {
+                    load(f).map_err(|e| {
+                        ConfigError::new(
+                            origin,
+                            e.key.clone(),
+                            format!("{} ({})", e.problem, e.path.display()),
+                        )
+                    })
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 /// A PEM certificate and key generated in memory.

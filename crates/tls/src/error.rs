@@ -62,6 +62,9 @@ impl HandshakeError {
                     "unexpected_message"
                 }
                 E::InvalidCertificate(_) | E::NoCertificatesPresented => "client_certificate",
+                E::Other(o) if o.0.downcast_ref::<crate::KeyUnavailable>().is_some() => {
+                    "key_unavailable"
+                }
                 _ => "other",
             },
         }

@@ -2,21 +2,23 @@
 //! certificate by SNI, the rustls server configuration, and a hand-driven
 //! TLS connection over a tokio socket.
 //!
-//! It owns nothing of HTTP. Keys are read here and only here; later work
-//! moves signing into a separate key process behind the same
-//! `CertifiedKey` interface.
+//! It owns nothing of HTTP. Keys are read here ([`certs`]), by the key
+//! process or, with key isolation off, by the server itself; the
+//! network-facing process signs through [`RemoteKey`] instead.
 #![forbid(unsafe_code)]
 
 pub mod certs;
 mod conn;
 mod context;
 pub mod error;
+pub mod remote;
 pub mod resolver;
 pub mod tickets;
 
-pub use certs::{load, self_signed, LoadedCert, SelfSigned};
+pub use certs::{load, load_all, self_signed, LoadedCert, SelfSigned, SelfSignedCache};
 pub use conn::{accept, TlsConnection};
 pub use context::TlsContext;
 pub use error::{CertError, HandshakeError};
+pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
 pub use rustls;
 pub use tickets::{TicketKeyError, TicketKeys, TicketObserver};

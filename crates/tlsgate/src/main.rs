@@ -11,6 +11,9 @@ use clap::{Parser, Subcommand};
 use tlsgate_config::Overrides;
 use tlsgate_server::Launch;
 
+mod bench;
+mod cost;
+
 /// A TLS edge server: HTTPS termination, static files, metrics.
 #[derive(Parser)]
 #[command(version, about)]
@@ -28,6 +31,33 @@ enum Command {
     CheckConfig {
         /// The TOML file.
         file: PathBuf,
+    },
+    /// Measure TLS side by side with nginx and HAProxy: handshake, transfer,
+    /// stream, bound or all (see docs/bench.md).
+    Bench(bench::BenchArgs),
+    /// The cost of TLS on this machine: calibrate, predict, validate.
+    #[command(subcommand)]
+    Cost(cost::CostCommand),
+    /// Internal: supervises the key server; started by `serve` itself, its
+    /// standard input is the control socket.
+    #[command(hide = true)]
+    KeySupervisor {
+        /// The process that started it (it dies with it).
+        #[arg(long)]
+        parent: u32,
+        /// Arguments for `key-server` (the configuration to load).
+        #[arg(last = true)]
+        args: Vec<std::ffi::OsString>,
+    },
+    /// Internal: holds the private keys and signs; started by the
+    /// supervisor, its standard input is its socket to the server.
+    #[command(hide = true)]
+    KeyServer {
+        /// The supervisor (it dies with it).
+        #[arg(long)]
+        parent: u32,
+        #[command(flatten)]
+        serve: ServeArgs,
     },
     /// Manage a session ticket key file shared by several tlsgate instances
     /// (`[tls] ticket_key_file`). Files are replaced atomically, mode 0600.
@@ -91,6 +121,45 @@ fn default_root() -> PathBuf {
     p.canonicalize().unwrap_or(p)
 }
 
+fn launch(a: ServeArgs) -> Launch {
+    Launch {
+        config_path: a.config,
+        overrides: Overrides {
+            listen: a.listen,
+            root: a.root,
+            cert: a.cert,
+            key: a.key,
+            admin: a.admin,
+            workers: a.workers.map(usize::from),
+        },
+        default_root: default_root(),
+    }
+}
+
+/// Standard input, which the internal processes get as their socket.
+fn stdin_socket() -> std::os::unix::net::UnixStream {
+    use std::os::fd::AsFd;
+    let fd = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .unwrap_or_else(|e| {
+            eprintln!("tlsgate: internal command needs its socket on standard input: {e}");
+            std::process::exit(2)
+        });
+    std::os::unix::net::UnixStream::from(fd)
+}
+
+/// Exit status of an internal process: logged, never with key material.
+fn internal(r: std::io::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -103,18 +172,9 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(a) => tlsgate_server::run(Launch {
-            config_path: a.config,
-            overrides: Overrides {
-                listen: a.listen,
-                root: a.root,
-                cert: a.cert,
-                key: a.key,
-                admin: a.admin,
-                workers: a.workers.map(usize::from),
-            },
-            default_root: default_root(),
-        }),
+        Command::Bench(args) => return bench::run(args),
+        Command::Cost(cmd) => return cost::run(cmd),
+        Command::Serve(a) => tlsgate_server::run(launch(a)),
         Command::CheckConfig { file } => tlsgate_server::check(&Launch {
             config_path: Some(file.clone()),
             overrides: Overrides::default(),
@@ -129,6 +189,19 @@ fn main() -> ExitCode {
             );
         }),
         Command::TicketKeys(cmd) => return ticket_keys(cmd),
+        Command::KeySupervisor { parent, args } => {
+            return internal(tlsgate_keyserver::server::supervise(
+                stdin_socket(),
+                parent,
+                args,
+            ));
+        }
+        Command::KeyServer { parent, serve } => {
+            let launch = launch(serve);
+            return internal(tlsgate_sys::ipc::die_with_parent(parent).and_then(|()| {
+                tlsgate_keyserver::server::serve(stdin_socket(), move || launch.load())
+            }));
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

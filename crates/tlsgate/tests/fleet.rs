@@ -493,3 +493,45 @@ fn in_memory_keys_rotate_and_survive_a_reload() {
         assert_eq!(visit(&s, changed), HandshakeKind::Full, "{label}: new keys");
     }
 }
+
+#[test]
+fn the_key_file_is_re_read_after_switching_to_nobody() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let fx = Fixture::new();
+    assert_eq!(
+        std::fs::metadata(fx.path()).unwrap().uid(),
+        0,
+        "this test starts tlsgate as root to see it switch to nobody; run the tests as root"
+    );
+    // nobody may pass through the directory, and owns the key file.
+    std::fs::set_permissions(fx.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let keys = fx.path().join("ticket.keys");
+    ticket_keys(&["generate", keys.to_str().unwrap()]);
+    std::os::unix::fs::chown(&keys, Some(65534), Some(65534)).unwrap();
+    let s = Server::start(
+        &fx,
+        &fx.config(
+            &format!(
+                "[server]\nuser = \"nobody\"\n[tls]\n{}",
+                key_file_tls(&keys, "")
+            ),
+            "",
+        ),
+    );
+    let cfgs: Vec<_> = VERSIONS
+        .iter()
+        .map(|(version, _)| {
+            let c = client(version);
+            assert_eq!(visit(&s, &c), HandshakeKind::Full);
+            c
+        })
+        .collect();
+    // Rotated by root: the file keeps its owner, so nobody reads it again.
+    ticket_keys(&["rotate", keys.to_str().unwrap()]);
+    assert_eq!(std::fs::metadata(&keys).unwrap().uid(), 65534);
+    wait_metric(&s, RELOADS_OK, 1.0);
+    wait_metric(&s, "tlsgate_ticket_keys", 2.0);
+    for (c, (_, label)) in cfgs.iter().zip(VERSIONS) {
+        assert_eq!(visit(&s, c), HandshakeKind::Resumed, "{label}");
+    }
+}

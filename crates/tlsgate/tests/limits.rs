@@ -5,58 +5,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::*;
-use rustls::pki_types::ServerName;
-use rustls::{ClientConnection, StreamOwned};
-
-/// True if the peer closes (EOF or reset) within `limit`; data before the close is skipped.
-fn closed_within<R: Read>(s: &mut R, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    let mut buf = [0u8; 4096];
-    while Instant::now() < deadline {
-        match s.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return true,
-        }
-    }
-    false
-}
-
-/// A TCP connection from a chosen loopback source address.
-fn connect_from(source: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    sock.bind(&format!("{source}:0").parse::<SocketAddr>().unwrap().into())?;
-    sock.connect(&to.into())?;
-    let s: TcpStream = sock.into();
-    s.set_read_timeout(Some(Duration::from_millis(200)))?;
-    Ok(s)
-}
-
-fn tls_from(source: &str, to: SocketAddr) -> std::io::Result<TlsStream> {
-    let sock = connect_from(source, to)?;
-    let conn = ClientConnection::new(
-        Arc::new(client_config(rustls::DEFAULT_VERSIONS)),
-        ServerName::try_from("localhost").unwrap(),
-    )
-    .unwrap();
-    let mut s = StreamOwned::new(conn, sock);
-    s.sock.set_read_timeout(Some(Duration::from_secs(5)))?;
-    while s.conn.is_handshaking() {
-        s.conn.complete_io(&mut s.sock)?;
-    }
-    s.sock.set_read_timeout(Some(Duration::from_millis(200)))?;
-    Ok(s)
-}
 
 #[test]
 fn slowloris_connections_are_closed_while_a_normal_client_is_served() {

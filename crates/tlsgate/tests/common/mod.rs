@@ -259,6 +259,13 @@ impl Server {
         }
     }
 
+    /// Polls the metrics until they contain `line`; panics if they never do.
+    pub fn expect_metric_line(&self, line: &str) -> String {
+        let text = self.metrics_when(|t| t.contains(line));
+        assert!(text.contains(line), "wanted {line:?} in\n{text}");
+        text
+    }
+
     /// The value of a metric sample line (exact name with labels).
     pub fn metric(&self, sample: &str) -> f64 {
         let text = self.admin_get("/metrics");
@@ -421,4 +428,113 @@ pub fn statuses(answer: &str) -> Vec<u16> {
         .match_indices("HTTP/1.1 ")
         .filter_map(|(i, _)| answer.get(i + 9..i + 12)?.parse().ok())
         .collect()
+}
+
+/// True if the peer closes (EOF or reset) within `limit`; data before the close is skipped.
+pub fn closed_within<R: Read>(s: &mut R, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+/// A TCP connection from a chosen loopback source address.
+pub fn connect_from(source: &str, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&format!("{source}:0").parse::<SocketAddr>().unwrap().into())?;
+    sock.connect(&to.into())?;
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_millis(200)))?;
+    Ok(s)
+}
+
+/// A completed rustls handshake from a chosen loopback source address.
+pub fn tls_from(source: &str, to: SocketAddr) -> std::io::Result<TlsStream> {
+    let sock = connect_from(source, to)?;
+    let conn = ClientConnection::new(
+        Arc::new(client_config(rustls::DEFAULT_VERSIONS)),
+        ServerName::try_from("localhost").unwrap(),
+    )
+    .unwrap();
+    let mut s = StreamOwned::new(conn, sock);
+    s.sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock)?;
+    }
+    s.sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+    Ok(s)
+}
+
+/// What became of a handshake attempt.
+pub enum Attempt {
+    /// Closed by the server before it sent anything: no ServerHello.
+    Refused,
+    /// The handshake completed.
+    Completed(Box<TlsStream>),
+}
+
+/// Connects from `source`, sends a ClientHello and tells whether the server
+/// answered it (and the handshake completed) or closed without a byte.
+/// Errors are connect failures, timeouts and broken handshakes.
+pub fn attempt_from(
+    source: &str,
+    to: SocketAddr,
+    config: &Arc<ClientConfig>,
+) -> std::io::Result<Attempt> {
+    let mut sock = connect_from(source, to)?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut conn =
+        ClientConnection::new(config.clone(), ServerName::try_from("localhost").unwrap()).unwrap();
+    // The server may already have closed: a failed write shows in the read.
+    while conn.wants_write() {
+        if conn.write_tls(&mut sock).is_err() {
+            break;
+        }
+    }
+    let mut buf = vec![0u8; 16384];
+    let n = match sock.read(&mut buf) {
+        Ok(0) => return Ok(Attempt::Refused),
+        Ok(n) => n,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            return Ok(Attempt::Refused)
+        }
+        Err(e) => return Err(e),
+    };
+    assert_eq!(
+        buf[0], 0x16,
+        "the server's first record is not a handshake record"
+    );
+    let mut rd = &buf[..n];
+    while !rd.is_empty() {
+        conn.read_tls(&mut rd)?;
+        conn.process_new_packets().map_err(std::io::Error::other)?;
+    }
+    let mut s = StreamOwned::new(conn, sock);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock)?;
+    }
+    // The client's Finished may still be queued: the server's handshake
+    // ends only when it has it.
+    while s.conn.wants_write() {
+        s.conn.write_tls(&mut s.sock)?;
+    }
+    Ok(Attempt::Completed(Box::new(s)))
 }

@@ -1,0 +1,248 @@
+//! An independent measurement: the field's own tools (`openssl s_time` for
+//! handshakes, `wrk` for keep-alive transfers) against the same targets,
+//! with server CPU from /proc, next to the bench's own figures. If the two
+//! disagree beyond noise, the bench's generator is suspect.
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::BenchError;
+use crate::materials::Materials;
+use crate::report::Results;
+use crate::scenario::BenchOptions;
+use crate::targets::{Target, TargetKind};
+
+/// One tool's run against one target.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CrossCheck {
+    /// Target.
+    pub target: TargetKind,
+    /// The bench case it corresponds to.
+    pub case: String,
+    /// The tool and its arguments.
+    pub tool: String,
+    /// Operations the tool completed.
+    pub operations: u64,
+    /// Its run time, seconds.
+    pub secs: f64,
+    /// Server CPU per operation during the tool's run, µs.
+    pub server_cpu_us_per_op: f64,
+    /// The bench's own figure for the same case, µs (0 if not measured).
+    pub bench_cpu_us_per_op: f64,
+}
+
+fn tool_command(core: Option<usize>, program: &str) -> Command {
+    match core {
+        Some(c) => {
+            let mut cmd = Command::new("taskset");
+            cmd.arg("-c").arg(c.to_string()).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Runs the commands in parallel while sampling the target's CPU; returns
+/// their outputs and the server's CPU ns.
+fn run_tools(
+    target: &Target,
+    cmds: Vec<Command>,
+    what: &str,
+) -> Result<(Vec<String>, u64), BenchError> {
+    let before = target.tree().cpu_ns();
+    let mut children = Vec::new();
+    for mut cmd in cmds {
+        let child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| BenchError::Missing {
+                program: what.into(),
+                hint: format!("{e}; run ./dev setup"),
+            })?;
+        children.push(child);
+    }
+    let mut outs = Vec::new();
+    for child in children {
+        let out = child
+            .wait_with_output()
+            .map_err(|e| BenchError::Other(format!("{what}: {e}")))?;
+        let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            return Err(BenchError::Other(format!(
+                "{what} against {} failed ({}): {}{}",
+                target.kind(),
+                out.status,
+                stdout,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        outs.push(stdout);
+    }
+    let cpu = target.tree().cpu_ns().saturating_sub(before);
+    Ok((outs, cpu))
+}
+
+/// Sums the operations of parallel runs; the time is the longest run's.
+fn sum_runs(
+    outs: &[String],
+    parse: fn(&str) -> Option<(u64, f64)>,
+    what: &str,
+) -> Result<(u64, f64), BenchError> {
+    let mut total = (0u64, 0.0f64);
+    for out in outs {
+        let (n, t) = parse(out)
+            .ok_or_else(|| BenchError::Other(format!("cannot read {what}'s output: {out}")))?;
+        total = (total.0 + n, total.1.max(t));
+    }
+    Ok(total)
+}
+
+/// Parallel `openssl s_time` processes: one alone runs one connection at a
+/// time and never loads the server.
+const S_TIME_PROCESSES: usize = 8;
+
+/// "N connections in T real seconds" from `openssl s_time`.
+pub fn parse_s_time(out: &str) -> Option<(u64, f64)> {
+    out.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        let n = w.next()?.parse().ok()?;
+        if w.next()? != "connections" || w.next()? != "in" {
+            return None;
+        }
+        let secs = w.next()?.parse().ok()?;
+        (w.next()? == "real").then_some((n, secs))
+    })
+}
+
+/// "N requests in 3.00s, …" from `wrk`.
+pub fn parse_wrk(out: &str) -> Option<(u64, f64)> {
+    out.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        let n = w.next()?.parse().ok()?;
+        if w.next()? != "requests" || w.next()? != "in" {
+            return None;
+        }
+        let secs = w
+            .next()?
+            .trim_end_matches(',')
+            .trim_end_matches('s')
+            .parse()
+            .ok()?;
+        Some((n, secs))
+    })
+}
+
+/// Runs both tools against every target.
+pub fn run(
+    materials: &Materials,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let small = materials.file(1 << 10)?;
+    let medium = materials.file(64 << 10)?;
+    let secs = if opts.quick { 1 } else { 3 };
+    let client = opts.placement.client_cores.first().copied().flatten();
+    let mut rows = Vec::new();
+    for kind in &opts.targets {
+        let target = Target::start(*kind, materials, &opts.settings(64 << 10))?;
+        let port = target.addr().port();
+        // Handshakes: new connections, TLS 1.3, AES-128-GCM.
+        let cmds = (0..S_TIME_PROCESSES)
+            .map(|_| {
+                let mut cmd = tool_command(client, "openssl");
+                cmd.args([
+                    "s_time",
+                    "-new",
+                    "-tls1_3",
+                    "-ciphersuites",
+                    "TLS_AES_128_GCM_SHA256",
+                ])
+                .arg("-connect")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg("-www")
+                .arg(&small)
+                .arg("-time")
+                .arg(secs.to_string());
+                cmd
+            })
+            .collect();
+        let (outs, cpu) = run_tools(&target, cmds, "openssl s_time")?;
+        let (n, t) = sum_runs(&outs, parse_s_time, "openssl s_time")?;
+        let tool = format!("{S_TIME_PROCESSES} × openssl s_time -new -tls1_3");
+        rows.push(row(
+            results,
+            *kind,
+            "handshake",
+            "TLS1.3 ECDSA full",
+            &tool,
+            n,
+            t,
+            cpu,
+        ));
+        // Keep-alive transfers of 64 KiB over 100 connections.
+        let mut cmd = tool_command(client, "wrk");
+        cmd.args(["-t1", "-c100"])
+            .arg(format!("-d{secs}s"))
+            .arg(format!("https://127.0.0.1:{port}{medium}"));
+        let (outs, cpu) = run_tools(&target, vec![cmd], "wrk")?;
+        let (n, t) = sum_runs(&outs, parse_wrk, "wrk")?;
+        rows.push(row(
+            results,
+            *kind,
+            "transfer",
+            "64k",
+            "wrk -t1 -c100",
+            n,
+            t,
+            cpu,
+        ));
+        drop(target);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    results.crosschecks = rows;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row(
+    results: &Results,
+    target: TargetKind,
+    scenario: &str,
+    case: &str,
+    tool: &str,
+    operations: u64,
+    secs: f64,
+    cpu_ns: u64,
+) -> CrossCheck {
+    CrossCheck {
+        target,
+        case: format!("{scenario} {case}"),
+        tool: tool.into(),
+        operations,
+        secs,
+        server_cpu_us_per_op: cpu_ns as f64 / 1e3 / operations.max(1) as f64,
+        bench_cpu_us_per_op: results
+            .summary(scenario, case, target)
+            .map_or(0.0, |s| s.cpu_us_per_op),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_tools_outputs() {
+        let s_time = "Collecting connection statistics for 3 seconds\n\
+            tttt\n\n2013 connections in 2.05s; 981.95 connections/user sec, bytes read 2379366\n\
+            2013 connections in 4 real seconds, 1182 bytes read per connection\n";
+        assert_eq!(parse_s_time(s_time), Some((2013, 4.0)));
+        let wrk = "Running 3s test @ https://127.0.0.1:1/f/64k\n  1 threads and 100 connections\n\
+            \x20 9262 requests in 3.02s, 579.22MB read\nRequests/sec:   3066.70\n";
+        assert_eq!(parse_wrk(wrk), Some((9262, 3.02)));
+        assert_eq!(parse_wrk("garbage"), None);
+    }
+}

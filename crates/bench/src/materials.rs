@@ -1,0 +1,138 @@
+//! What every target is given, identically: an ECDSA P-256 and an RSA-2048
+//! certificate for the same name, and a document root of files of the
+//! sizes the scenarios fetch (random bytes: nothing compresses).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::BenchError;
+
+/// The name in the certificates, SNI and Host.
+pub const SERVER_NAME: &str = "bench.tlsgate.test";
+
+/// A certificate and its key on disk.
+#[derive(Debug, Clone)]
+pub struct CertPair {
+    /// PEM certificate.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8).
+    pub key: PathBuf,
+    /// Certificate then key in one file (HAProxy's format).
+    pub combined: PathBuf,
+}
+
+/// The bench's working directory.
+#[derive(Debug)]
+pub struct Materials {
+    dir: tempfile::TempDir,
+    /// ECDSA P-256.
+    pub ecdsa: CertPair,
+    /// RSA-2048.
+    pub rsa: CertPair,
+    /// Document root; files live under `/f/`.
+    pub root: PathBuf,
+}
+
+impl Materials {
+    /// Makes certificates and an empty document root in a fresh temporary directory.
+    pub fn create() -> Result<Self, BenchError> {
+        let dir = tempfile::Builder::new()
+            .prefix("tlsgate-bench-")
+            .tempdir()
+            .map_err(BenchError::io("temporary directory"))?;
+        let root = dir.path().join("www");
+        fs::create_dir_all(root.join("f")).map_err(BenchError::io(&root))?;
+        let ecdsa = make_cert(dir.path(), "ecdsa", &rcgen::PKCS_ECDSA_P256_SHA256)?;
+        let rsa = make_cert(dir.path(), "rsa", &rcgen::PKCS_RSA_SHA256)?;
+        Ok(Self {
+            dir,
+            ecdsa,
+            rsa,
+            root,
+        })
+    }
+
+    /// The working directory (configs and logs go here).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Makes sure `/f/<name>` exists with `size` random bytes; returns the URL path.
+    pub fn file(&self, size: u64) -> Result<String, BenchError> {
+        let name = size_name(size);
+        let path = self.root.join("f").join(&name);
+        if fs::metadata(&path).map(|m| m.len()).ok() != Some(size) {
+            let mut f = fs::File::create(&path).map_err(BenchError::io(&path))?;
+            let mut rng = fastrand::Rng::with_seed(size);
+            let mut chunk = vec![0u8; 1 << 20];
+            let mut left = size;
+            while left > 0 {
+                let n = left.min(chunk.len() as u64) as usize;
+                rng.fill(&mut chunk[..n]);
+                f.write_all(&chunk[..n]).map_err(BenchError::io(&path))?;
+                left -= n as u64;
+            }
+        }
+        Ok(format!("/f/{name}"))
+    }
+}
+
+/// "1k", "64k", "1m", "10m", or bytes.
+pub fn size_name(size: u64) -> String {
+    if size >= 1 << 20 && size % (1 << 20) == 0 {
+        format!("{}m", size >> 20)
+    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+        format!("{}k", size >> 10)
+    } else {
+        format!("{size}b")
+    }
+}
+
+fn make_cert(
+    dir: &Path,
+    stem: &str,
+    alg: &'static rcgen::SignatureAlgorithm,
+) -> Result<CertPair, BenchError> {
+    let other = |e: rcgen::Error| BenchError::Other(format!("making the {stem} certificate: {e}"));
+    let key = rcgen::KeyPair::generate_for(alg).map_err(other)?;
+    let params = rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()]).map_err(other)?;
+    let cert = params.self_signed(&key).map_err(other)?;
+    let pair = CertPair {
+        cert: dir.join(format!("{stem}.crt")),
+        key: dir.join(format!("{stem}.key")),
+        combined: dir.join(format!("{stem}.pem")),
+    };
+    let key_pem = key.serialize_pem();
+    fs::write(&pair.cert, cert.pem()).map_err(BenchError::io(&pair.cert))?;
+    fs::write(&pair.key, &key_pem).map_err(BenchError::io(&pair.key))?;
+    fs::write(&pair.combined, format!("{}{}", cert.pem(), key_pem))
+        .map_err(BenchError::io(&pair.combined))?;
+    Ok(pair)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_have_short_names() {
+        assert_eq!(size_name(1024), "1k");
+        assert_eq!(size_name(10 << 20), "10m");
+        assert_eq!(size_name(1000), "1000b");
+    }
+
+    #[test]
+    fn materials_hold_both_keys_and_exact_file_sizes() {
+        let m = Materials::create().unwrap();
+        assert!(fs::read_to_string(&m.rsa.key)
+            .unwrap()
+            .contains("PRIVATE KEY"));
+        assert!(fs::read_to_string(&m.ecdsa.combined)
+            .unwrap()
+            .contains("CERTIFICATE"));
+        let p = m.file(4096).unwrap();
+        assert_eq!(p, "/f/4k");
+        assert_eq!(fs::metadata(m.root.join("f/4k")).unwrap().len(), 4096);
+    }
+}

@@ -1,0 +1,674 @@
+//! Results: every measured cell, medians over repeats, ratios to nginx, the
+//! machine they were measured on; written as JSON and Markdown.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use tlsgate_loadgen::Report;
+
+use crate::bound::Bounds;
+use crate::crosscheck::CrossCheck;
+use crate::error::BenchError;
+use crate::targets::TargetKind;
+
+/// A generator that keeps its own cores this busy while the server is
+/// below [`SERVER_BUSY`] is the bottleneck, not the server.
+pub const CLIENT_SATURATED: f64 = 0.90;
+/// Server utilization (of its one core) considered saturated.
+pub const SERVER_BUSY: f64 = 0.90;
+
+/// One measurement: one target, one case, one repeat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cell {
+    /// "handshake", "transfer", "stream".
+    pub scenario: String,
+    /// e.g. "TLS1.3 ECDSA full", "64k", "1000 conns".
+    pub case: String,
+    /// Which server.
+    pub target: TargetKind,
+    /// Repeat number.
+    pub repeat: usize,
+    /// The generator's report.
+    pub load: Report,
+    /// Server CPU over the window (all processes and threads), seconds.
+    pub server_cpu_secs: f64,
+    /// Server CPU / window: 1.0 is one core saturated.
+    pub server_utilization: f64,
+    /// Server CPU per operation, microseconds.
+    pub server_cpu_us_per_op: f64,
+    /// Server CPU per received byte, nanoseconds.
+    pub server_cpu_ns_per_byte: f64,
+    /// Server PSS before the load started, bytes.
+    pub pss_before: u64,
+    /// Server PSS when the window opened, bytes.
+    pub pss_open: u64,
+    /// Server PSS when the window closed, bytes.
+    pub pss_close: u64,
+    /// The generator, not the server, limited this measurement.
+    pub generator_bound: bool,
+}
+
+impl Cell {
+    /// Derives the per-operation figures.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        scenario: &str,
+        case: &str,
+        target: TargetKind,
+        repeat: usize,
+        load: Report,
+        server_cpu_ns: u64,
+        pss_before: u64,
+        pss_open: u64,
+        pss_close: u64,
+    ) -> Self {
+        let server_cpu_secs = server_cpu_ns as f64 / 1e9;
+        let server_utilization = ratio(server_cpu_secs, load.window_secs);
+        let generator_bound =
+            load.client_utilization() >= CLIENT_SATURATED && server_utilization < SERVER_BUSY;
+        Self {
+            scenario: scenario.into(),
+            case: case.into(),
+            target,
+            repeat,
+            server_cpu_us_per_op: ratio(server_cpu_secs * 1e6, load.operations as f64),
+            server_cpu_ns_per_byte: ratio(server_cpu_secs * 1e9, load.bytes as f64),
+            server_cpu_secs,
+            server_utilization,
+            pss_before,
+            pss_open,
+            pss_close,
+            generator_bound,
+            load,
+        }
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+/// Medians over the repeats of one case on one target.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    /// Scenario.
+    pub scenario: String,
+    /// Case.
+    pub case: String,
+    /// Target.
+    pub target: TargetKind,
+    /// Repeats measured.
+    pub repeats: usize,
+    /// Operations per second.
+    pub ops_per_sec: f64,
+    /// Bytes per second received.
+    pub bytes_per_sec: f64,
+    /// Server CPU per operation, µs.
+    pub cpu_us_per_op: f64,
+    /// Server CPU per byte, ns.
+    pub cpu_ns_per_byte: f64,
+    /// Bytes per server CPU-second.
+    pub bytes_per_cpu_sec: f64,
+    /// Latency p50, µs.
+    pub p50_us: f64,
+    /// Latency p99, µs.
+    pub p99_us: f64,
+    /// Server utilization.
+    pub server_utilization: f64,
+    /// Generator utilization.
+    pub client_utilization: f64,
+    /// Share of handshakes resumed.
+    pub resumed_share: f64,
+    /// Failed operations per completed one.
+    pub error_rate: f64,
+    /// Server PSS at window close, bytes.
+    pub pss_bytes: f64,
+    /// PSS added per open connection (stream), bytes.
+    pub pss_per_connection: f64,
+    /// Fetches slower than their interval (stream), per second.
+    pub late_per_sec: f64,
+    /// Any repeat was generator-bound.
+    pub generator_bound: bool,
+}
+
+/// Median of the values (0 for none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+impl Summary {
+    fn of(cells: &[&Cell]) -> Self {
+        let m = |f: &dyn Fn(&Cell) -> f64| median(cells.iter().map(|c| f(c)).collect());
+        let first = cells[0];
+        Self {
+            scenario: first.scenario.clone(),
+            case: first.case.clone(),
+            target: first.target,
+            repeats: cells.len(),
+            ops_per_sec: m(&|c| c.load.ops_per_sec()),
+            bytes_per_sec: m(&|c| c.load.bytes_per_sec()),
+            cpu_us_per_op: m(&|c| c.server_cpu_us_per_op),
+            cpu_ns_per_byte: m(&|c| c.server_cpu_ns_per_byte),
+            bytes_per_cpu_sec: m(&|c| ratio(c.load.bytes as f64, c.server_cpu_secs)),
+            p50_us: m(&|c| c.load.latency.p50_us),
+            p99_us: m(&|c| c.load.latency.p99_us),
+            server_utilization: m(&|c| c.server_utilization),
+            client_utilization: m(&|c| c.load.client_utilization()),
+            resumed_share: m(&|c| c.load.resumed_share()),
+            error_rate: m(&|c| ratio(c.load.error_count() as f64, c.load.operations as f64)),
+            pss_bytes: m(&|c| c.pss_close as f64),
+            pss_per_connection: m(&|c| {
+                let open = c.load.extra.get("connections_open").copied().unwrap_or(0.0);
+                ratio(c.pss_open.saturating_sub(c.pss_before) as f64, open)
+            }),
+            late_per_sec: m(&|c| {
+                ratio(
+                    c.load.extra.get("late_fetches").copied().unwrap_or(0.0),
+                    c.load.window_secs,
+                )
+            }),
+            generator_bound: cells.iter().any(|c| c.generator_bound),
+        }
+    }
+}
+
+/// Where the results were measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Machine {
+    /// CPU model.
+    pub cpu: String,
+    /// Online cores.
+    pub cores: usize,
+    /// Kernel release.
+    pub kernel: String,
+    /// When (UTC, RFC 3339).
+    pub date: String,
+    /// Server core and generator cores.
+    pub placement: String,
+}
+
+impl Machine {
+    /// Describes this machine.
+    pub fn detect(placement: String) -> Self {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .unwrap_or("unknown")
+            .trim()
+            .to_string();
+        let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let date = time::OffsetDateTime::now_utc()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default();
+        Self {
+            cpu,
+            cores: core_affinity::get_core_ids().map_or(1, |c| c.len()),
+            kernel,
+            date,
+            placement,
+        }
+    }
+}
+
+/// Everything one `tlsgate bench` run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Results {
+    /// The machine.
+    pub machine: Machine,
+    /// Version line of each target.
+    pub versions: BTreeMap<String, String>,
+    /// Quick smoke run (figures are not meant to be compared).
+    pub quick: bool,
+    /// Every cell.
+    pub cells: Vec<Cell>,
+    /// Medians per case and target.
+    pub summaries: Vec<Summary>,
+    /// The physical floor, when measured.
+    pub bounds: Option<Bounds>,
+    /// Independent measurements with openssl s_time and wrk.
+    #[serde(default)]
+    pub crosschecks: Vec<CrossCheck>,
+}
+
+impl Results {
+    /// Empty results for this machine.
+    pub fn new(machine: Machine, quick: bool) -> Self {
+        Self {
+            machine,
+            versions: BTreeMap::new(),
+            quick,
+            cells: Vec::new(),
+            summaries: Vec::new(),
+            bounds: None,
+            crosschecks: Vec::new(),
+        }
+    }
+
+    /// Recomputes the medians.
+    pub fn summarize(&mut self) {
+        let mut groups: BTreeMap<(String, String, TargetKind), Vec<&Cell>> = BTreeMap::new();
+        let mut order: Vec<(String, String, TargetKind)> = Vec::new();
+        for c in &self.cells {
+            let k = (c.scenario.clone(), c.case.clone(), c.target);
+            if !groups.contains_key(&k) {
+                order.push(k.clone());
+            }
+            groups.entry(k).or_default().push(c);
+        }
+        self.summaries = order.iter().map(|k| Summary::of(&groups[k])).collect();
+    }
+
+    /// The summary of one case on one target.
+    pub fn summary(&self, scenario: &str, case: &str, target: TargetKind) -> Option<&Summary> {
+        self.summaries
+            .iter()
+            .find(|s| s.scenario == scenario && s.case == case && s.target == target)
+    }
+
+    /// Cases of a scenario, in measurement order.
+    pub fn cases(&self, scenario: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for s in self.summaries.iter().filter(|s| s.scenario == scenario) {
+            if !out.contains(&s.case) {
+                out.push(s.case.clone());
+            }
+        }
+        out
+    }
+
+    /// Targets present in the results, in report order.
+    pub fn targets(&self) -> Vec<TargetKind> {
+        TargetKind::ALL
+            .into_iter()
+            .filter(|t| self.summaries.iter().any(|s| s.target == *t))
+            .collect()
+    }
+
+    /// Writes `results.json` and `report.md` into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<(), BenchError> {
+        fs::create_dir_all(dir).map_err(BenchError::io(dir))?;
+        let json = dir.join("results.json");
+        let text = serde_json::to_string_pretty(self)
+            .map_err(|e| BenchError::Other(format!("serializing results: {e}")))?;
+        fs::write(&json, text).map_err(BenchError::io(&json))?;
+        let md = dir.join("report.md");
+        fs::write(&md, self.markdown()).map_err(BenchError::io(&md))?;
+        Ok(())
+    }
+
+    /// The Markdown report.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            out,
+            "# tlsgate bench{}\n",
+            if self.quick {
+                " (quick smoke run: figures not comparable)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(
+            out,
+            "Measured {} on {} ({} cores), kernel {}; {}.  ",
+            m.date, m.cpu, m.cores, m.kernel, m.placement
+        );
+        for (t, v) in &self.versions {
+            let _ = writeln!(out, "- {t}: {v}");
+        }
+        let _ = writeln!(
+            out,
+            "\nServer CPU is the scheduler's run time of every thread of every process of the target (/proc/PID/task/*/schedstat), over the measurement window only. Each figure is the median of the repeats; ratios are tlsgate ÷ nginx (lower CPU is better). ⚠ marks a generator-bound cell (the generator, not the server, was the limit)."
+        );
+        let targets = self.targets();
+        self.handshake_table(&mut out, &targets);
+        self.latency_table(&mut out, &targets);
+        self.transfer_table(&mut out, &targets);
+        self.stream_table(&mut out, &targets);
+        if !self.crosschecks.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation measured while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own figure for the same case. s_time runs one connection at a time, so the server is not saturated: compare CPU per operation, not rates.\n\n| target | case | tool | ops/s | server CPU µs/op | bench CPU µs/op | tool ÷ bench |\n|---|---|---|---:|---:|---:|---:|"
+            );
+            for c in &self.crosschecks {
+                let ratio = if c.bench_cpu_us_per_op > 0.0 {
+                    format!("{:.2}", c.server_cpu_us_per_op / c.bench_cpu_us_per_op)
+                } else {
+                    "–".into()
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | `{}` | {:.0} | {:.1} | {:.1} | {ratio} |",
+                    c.target,
+                    c.case,
+                    c.tool,
+                    c.operations as f64 / c.secs.max(1e-9),
+                    c.server_cpu_us_per_op,
+                    c.bench_cpu_us_per_op
+                );
+            }
+        }
+        if let Some(b) = &self.bounds {
+            let _ = writeln!(out, "\n## Bound: the floor on this machine\n");
+            let _ = writeln!(out, "{}", b.markdown());
+        }
+        out
+    }
+
+    fn ratio_to_nginx(&self, scenario: &str, case: &str, f: fn(&Summary) -> f64) -> String {
+        match (
+            self.summary(scenario, case, TargetKind::Tlsgate),
+            self.summary(scenario, case, TargetKind::Nginx),
+        ) {
+            (Some(t), Some(n)) if f(n) > 0.0 => format!("{:.2}", f(t) / f(n)),
+            _ => "–".into(),
+        }
+    }
+
+    fn handshake_table(&self, out: &mut String, targets: &[TargetKind]) {
+        let cases = self.cases("handshake");
+        if cases.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Handshakes: a new connection per request (one small GET)\n"
+        );
+        let _ = write!(out, "| handshake |");
+        for t in targets {
+            let _ = write!(out, " {t} hs/s | {t} CPU µs/hs | {t} p50/p99 ms |");
+        }
+        let _ = writeln!(out, " tlsgate÷nginx CPU | bound µs |");
+        let _ = write!(out, "|---|");
+        for _ in targets {
+            let _ = write!(out, "---:|---:|---:|");
+        }
+        let _ = writeln!(out, "---:|---:|");
+        for case in &cases {
+            let _ = write!(out, "| {case} |");
+            for t in targets {
+                match self.summary("handshake", case, *t) {
+                    Some(s) => {
+                        let warn = if s.generator_bound { " ⚠" } else { "" };
+                        let resumed = if case.contains("resumed") && s.resumed_share < 0.95 {
+                            format!(" (resumed {:.0} %)", s.resumed_share * 100.0)
+                        } else {
+                            String::new()
+                        };
+                        let _ = write!(
+                            out,
+                            " {:.0}{warn} | {:.0}{resumed} | {:.2}/{:.2} |",
+                            s.ops_per_sec,
+                            s.cpu_us_per_op,
+                            s.p50_us / 1e3,
+                            s.p99_us / 1e3
+                        );
+                    }
+                    None => {
+                        let _ = write!(out, " – | – | – |");
+                    }
+                }
+            }
+            let bound = self
+                .bounds
+                .as_ref()
+                .and_then(|b| b.handshake_us(case))
+                .map_or("–".into(), |v| format!("{v:.0}"));
+            let _ = writeln!(
+                out,
+                " {} | {bound} |",
+                self.ratio_to_nginx("handshake", case, |s| s.cpu_us_per_op)
+            );
+        }
+    }
+
+    fn latency_table(&self, out: &mut String, targets: &[TargetKind]) {
+        for case in self.cases("latency") {
+            let _ = writeln!(out, "\n## Handshake latency at a fixed rate: {case}\n");
+            let _ = writeln!(out, "Open loop: arrivals do not wait for the server; latency counts from the scheduled start.\n");
+            let _ = writeln!(out, "| target | achieved/s | p50 ms | p99 ms | max ms | server CPU % | failed |\n|---|---:|---:|---:|---:|---:|---:|");
+            for t in targets {
+                if let Some(s) = self.summary("latency", &case, *t) {
+                    let _ = writeln!(
+                        out,
+                        "| {t} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.1} % |",
+                        s.ops_per_sec,
+                        s.p50_us / 1e3,
+                        s.p99_us / 1e3,
+                        self.cells
+                            .iter()
+                            .filter(|c| c.scenario == "latency" && c.case == case && c.target == *t)
+                            .map(|c| c.load.latency.max_us)
+                            .fold(0.0, f64::max)
+                            / 1e3,
+                        s.server_utilization * 100.0,
+                        s.error_rate * 100.0
+                    );
+                }
+            }
+        }
+    }
+
+    fn transfer_table(&self, out: &mut String, targets: &[TargetKind]) {
+        let cases = self.cases("transfer");
+        if cases.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Transfer: keep-alive GETs over many connections\n"
+        );
+        let _ = write!(out, "| size |");
+        for t in targets {
+            let _ = write!(out, " {t} req/s | {t} MB/s | {t} MB per CPU-s |");
+        }
+        let _ = writeln!(out, " tlsgate÷nginx bytes/CPU-s |");
+        let _ = write!(out, "|---|");
+        for _ in targets {
+            let _ = write!(out, "---:|---:|---:|");
+        }
+        let _ = writeln!(out, "---:|");
+        for case in &cases {
+            let _ = write!(out, "| {case} |");
+            for t in targets {
+                match self.summary("transfer", case, *t) {
+                    Some(s) => {
+                        let warn = if s.generator_bound { " ⚠" } else { "" };
+                        let _ = write!(
+                            out,
+                            " {:.0}{warn} | {:.1} | {:.1} |",
+                            s.ops_per_sec,
+                            s.bytes_per_sec / 1e6,
+                            s.bytes_per_cpu_sec / 1e6
+                        );
+                    }
+                    None => {
+                        let _ = write!(out, " – | – | – |");
+                    }
+                }
+            }
+            let _ = writeln!(
+                out,
+                " {} |",
+                self.ratio_to_nginx("transfer", case, |s| s.bytes_per_cpu_sec)
+            );
+        }
+    }
+
+    fn stream_table(&self, out: &mut String, targets: &[TargetKind]) {
+        let cases = self.cases("stream");
+        if cases.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Stream: connections each fetching 1 MiB every 1–5 s\n"
+        );
+        let _ = write!(out, "| connections |");
+        for t in targets {
+            let _ = write!(
+                out,
+                " {t} MB/s | {t} CPU % | {t} PSS MB | {t} KiB/conn | {t} late/s |"
+            );
+        }
+        let _ = writeln!(out);
+        let _ = write!(out, "|---|");
+        for _ in targets {
+            let _ = write!(out, "---:|---:|---:|---:|---:|");
+        }
+        let _ = writeln!(out);
+        for case in &cases {
+            let _ = write!(out, "| {case} |");
+            for t in targets {
+                match self.summary("stream", case, *t) {
+                    Some(s) => {
+                        let warn = if s.generator_bound { " ⚠" } else { "" };
+                        let _ = write!(
+                            out,
+                            " {:.1}{warn} | {:.0} | {:.1} | {:.1} | {:.1} |",
+                            s.bytes_per_sec / 1e6,
+                            s.server_utilization * 100.0,
+                            s.pss_bytes / 1e6,
+                            s.pss_per_connection / 1024.0,
+                            s.late_per_sec
+                        );
+                    }
+                    None => {
+                        let _ = write!(out, " – | – | – | – | – |");
+                    }
+                }
+            }
+            let _ = writeln!(out);
+        }
+    }
+}
+
+impl Results {
+    /// What is not sane: a cell with no operations, no server CPU or no
+    /// bytes; a target missing from a scenario. Empty when all is well.
+    pub fn insanities(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in &self.cells {
+            let what = format!("{} {} on {}", c.scenario, c.case, c.target);
+            if c.load.operations == 0 {
+                out.push(format!("{what}: no operation completed"));
+            }
+            if c.server_cpu_secs <= 0.0 {
+                out.push(format!("{what}: no server CPU time measured"));
+            }
+            if c.load.bytes == 0 {
+                out.push(format!("{what}: no bytes received"));
+            }
+            if c.load.client_cpu_secs <= 0.0 {
+                out.push(format!("{what}: no generator CPU time measured"));
+            }
+            if c.scenario == "handshake" && c.load.handshakes == 0 {
+                out.push(format!("{what}: no handshake completed"));
+            }
+        }
+        let targets = self.targets();
+        for scenario in ["handshake", "latency", "transfer", "stream"] {
+            for case in self.cases(scenario) {
+                for t in &targets {
+                    if self.summary(scenario, &case, *t).is_none() {
+                        out.push(format!("{scenario} {case}: {t} was not measured"));
+                    }
+                }
+            }
+        }
+        for c in &self.crosschecks {
+            if c.operations == 0 || c.server_cpu_us_per_op <= 0.0 {
+                out.push(format!(
+                    "cross-check {} on {}: nothing measured",
+                    c.tool, c.target
+                ));
+            }
+        }
+        if let Some(b) = &self.bounds {
+            if b.ops_ns.values().any(|v| *v <= 0.0) {
+                out.push("bound: an operation measured zero".into());
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(vec![]), 0.0);
+    }
+
+    fn cell(target: TargetKind, ops: u64, cpu_ns: u64, client_cpu: f64) -> Cell {
+        let load = Report {
+            window_secs: 1.0,
+            operations: ops,
+            handshakes: ops,
+            bytes: ops * 1000,
+            client_cpu_secs: client_cpu,
+            client_threads: 1,
+            ..Report::default()
+        };
+        Cell::new(
+            "handshake",
+            "TLS1.3 ECDSA full",
+            target,
+            0,
+            load,
+            cpu_ns,
+            0,
+            0,
+            0,
+        )
+    }
+
+    #[test]
+    fn cells_derive_cpu_per_op_and_flag_a_saturated_generator() {
+        let c = cell(TargetKind::Tlsgate, 1000, 500_000_000, 0.99);
+        assert!((c.server_cpu_us_per_op - 500.0).abs() < 1e-9);
+        assert!((c.server_cpu_ns_per_byte - 500.0).abs() < 1e-9);
+        assert!(c.generator_bound, "client 99 % busy, server 50 %");
+        assert!(!cell(TargetKind::Tlsgate, 1000, 990_000_000, 0.99).generator_bound);
+    }
+
+    #[test]
+    fn report_shows_ratio_to_nginx() {
+        let mut r = Results::new(Machine::detect("test".into()), true);
+        r.cells
+            .push(cell(TargetKind::Tlsgate, 1000, 300_000_000, 0.5));
+        r.cells
+            .push(cell(TargetKind::Nginx, 1000, 600_000_000, 0.5));
+        r.summarize();
+        assert_eq!(r.summaries.len(), 2);
+        let md = r.markdown();
+        assert!(md.contains("| TLS1.3 ECDSA full | 1000 | 300 |"), "{md}");
+        assert!(md.contains("| 0.50 |"), "{md}");
+    }
+}

@@ -1,0 +1,400 @@
+//! The scenarios and how they interleave the targets: for each repeat, for
+//! each case, every target in turn (rotating who goes first), so slow drift
+//! of a shared machine hits all of them alike.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tlsgate_loadgen::{
+    Cipher, Group, HandshakeJob, KeyType, Pacing, StreamJob, TlsProfile, TransferJob, Version,
+    Window,
+};
+
+use crate::bound::Bounds;
+use crate::error::BenchError;
+use crate::materials::{size_name, Materials, SERVER_NAME};
+use crate::report::{Machine, Results};
+use crate::runner::{Job, Placement, Runner};
+use crate::targets::{Target, TargetKind, TargetSettings};
+
+/// A scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// New connection per request, full and resumed, 1.2 and 1.3, ECDSA and RSA.
+    Handshake,
+    /// Keep-alive GETs of growing files.
+    Transfer,
+    /// Many connections fetching 1 MiB every 1–5 s.
+    Stream,
+    /// The physical floor.
+    Bound,
+    /// openssl s_time and wrk against the same targets.
+    CrossCheck,
+}
+
+impl Scenario {
+    /// Parses a scenario name.
+    pub fn parse(s: &str) -> Option<Vec<Self>> {
+        Some(match s {
+            "handshake" => vec![Self::Bound, Self::Handshake],
+            "transfer" => vec![Self::Transfer],
+            "stream" => vec![Self::Stream],
+            "bound" => vec![Self::Bound],
+            "crosscheck" => vec![Self::CrossCheck],
+            "all" => vec![
+                Self::Bound,
+                Self::Handshake,
+                Self::Transfer,
+                Self::Stream,
+                Self::CrossCheck,
+            ],
+            _ => return None,
+        })
+    }
+}
+
+/// Everything a bench run can be told.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Short smoke run.
+    pub quick: bool,
+    /// Targets, in order.
+    pub targets: Vec<TargetKind>,
+    /// Repeats of every cell (medians are reported).
+    pub repeats: usize,
+    /// Warm-up of each cell.
+    pub warmup: Duration,
+    /// Measurement window of each cell.
+    pub measure: Duration,
+    /// Connections in flight in the handshake scenario.
+    pub handshake_concurrency: usize,
+    /// Handshake kinds (labels as `TlsProfile::label`).
+    pub handshake_kinds: Vec<TlsProfile>,
+    /// Connections in the transfer scenario.
+    pub transfer_connections: usize,
+    /// File sizes of the transfer scenario.
+    pub sizes: Vec<u64>,
+    /// Connection counts of the stream scenario.
+    pub stream_connections: Vec<usize>,
+    /// Window of each stream point.
+    pub stream_measure: Duration,
+    /// Cores.
+    pub placement: Placement,
+    /// The tlsgate binary to run as a target.
+    pub tlsgate_bin: PathBuf,
+    /// Extra lines for tlsgate's `[server]` section.
+    pub tlsgate_server_extra: String,
+}
+
+/// The eight handshake kinds: {1.3, 1.2} × {ECDSA, RSA} × {full, resumed}.
+pub fn handshake_kinds() -> Vec<TlsProfile> {
+    let mut v = Vec::new();
+    for key in [KeyType::EcdsaP256, KeyType::Rsa2048] {
+        for version in [Version::Tls13, Version::Tls12] {
+            for resume in [false, true] {
+                v.push(TlsProfile {
+                    version,
+                    key,
+                    cipher: Cipher::Aes128Gcm,
+                    group: Group::X25519,
+                    resume,
+                    client_identity: None,
+                });
+            }
+        }
+    }
+    v
+}
+
+impl BenchOptions {
+    /// Defaults for a full run, or a quick smoke run of seconds.
+    pub fn new(quick: bool, tlsgate_bin: PathBuf) -> Self {
+        Self {
+            quick,
+            targets: TargetKind::ALL.to_vec(),
+            repeats: if quick { 1 } else { 3 },
+            warmup: Duration::from_millis(if quick { 200 } else { 1000 }),
+            measure: Duration::from_millis(if quick { 500 } else { 3000 }),
+            handshake_concurrency: 32,
+            handshake_kinds: handshake_kinds(),
+            transfer_connections: 100,
+            sizes: vec![
+                1 << 10,
+                4 << 10,
+                16 << 10,
+                64 << 10,
+                256 << 10,
+                1 << 20,
+                10 << 20,
+            ],
+            stream_connections: if quick {
+                vec![200]
+            } else {
+                vec![1000, 2500, 5000, 10000]
+            },
+            stream_measure: Duration::from_secs(if quick { 2 } else { 10 }),
+            placement: Placement::detect(),
+            tlsgate_bin,
+            tlsgate_server_extra: String::new(),
+        }
+    }
+
+    /// How targets are started under these options.
+    pub fn settings(&self, max_file: u64) -> TargetSettings {
+        TargetSettings {
+            core: self.placement.server_core,
+            max_file,
+            tlsgate_bin: self.tlsgate_bin.clone(),
+            tlsgate_server_extra: self.tlsgate_server_extra.clone(),
+        }
+    }
+
+    /// The warm-up and window of one cell.
+    pub fn window(&self) -> Window {
+        Window {
+            warmup: self.warmup,
+            measure: self.measure,
+        }
+    }
+}
+
+/// Runs the scenarios and returns everything measured.
+pub fn run(scenarios: &[Scenario], opts: &BenchOptions) -> Result<Results, BenchError> {
+    let placement = format!(
+        "server pinned to core {}, generator on {}",
+        opts.placement
+            .server_core
+            .map_or("(none)".into(), |c| c.to_string()),
+        opts.placement
+            .client_cores
+            .iter()
+            .map(|c| c.map_or("(any)".into(), |c| format!("core {c}")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut results = Results::new(Machine::detect(placement), opts.quick);
+    let materials = Materials::create()?;
+    for s in scenarios {
+        match s {
+            Scenario::Bound => {
+                tracing::info!("bench bound: cryptography and TCP floor");
+                results.bounds = Some(Bounds::measure(
+                    opts.placement.server_core,
+                    opts.placement.client_cores.first().copied().flatten(),
+                    opts.quick,
+                )?);
+            }
+            Scenario::Handshake => handshake(&materials, opts, &mut results)?,
+            Scenario::Transfer => transfer(&materials, opts, &mut results)?,
+            Scenario::Stream => stream(&materials, opts, &mut results)?,
+            Scenario::CrossCheck => {
+                results.summarize();
+                crate::crosscheck::run(&materials, opts, &mut results)?
+            }
+        }
+        results.summarize();
+    }
+    Ok(results)
+}
+
+fn start_all(
+    materials: &Materials,
+    opts: &BenchOptions,
+    max_file: u64,
+    results: &mut Results,
+) -> Result<Vec<Target>, BenchError> {
+    let mut targets = Vec::new();
+    for kind in &opts.targets {
+        let t = Target::start(*kind, materials, &opts.settings(max_file))?;
+        results
+            .versions
+            .insert(kind.to_string(), t.version().to_string());
+        targets.push(t);
+    }
+    Ok(targets)
+}
+
+/// Runs `cases` × targets × repeats, interleaved.
+fn interleave<C>(
+    targets: &mut [Target],
+    opts: &BenchOptions,
+    scenario: &str,
+    cases: &[C],
+    label: impl Fn(&C) -> String,
+    job: impl Fn(&C, &Target) -> Job,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let n = targets.len();
+    for repeat in 0..opts.repeats {
+        for (ci, case) in cases.iter().enumerate() {
+            for k in 0..n {
+                let t = &mut targets[(k + ci + repeat) % n];
+                let name = label(case);
+                tracing::info!(
+                    "bench {scenario} [{}/{}] {name} → {}",
+                    repeat + 1,
+                    opts.repeats,
+                    t.kind()
+                );
+                let j = job(case, t);
+                let cell = Runner::measure(t, scenario, &name, repeat, j)?;
+                results.cells.push(cell);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn handshake(
+    materials: &Materials,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let path = materials.file(1 << 10)?;
+    let mut targets = start_all(materials, opts, 1 << 10, results)?;
+    saturated_handshakes(&mut targets, &path, opts, results)?;
+    latency_at_half_nginx(&mut targets, &path, opts, results)
+}
+
+/// Latency at a fixed arrival rate — half of nginx's maximum full TLS 1.3
+/// ECDSA handshake rate — for every target (open loop, so a slow server
+/// cannot slow the arrivals down and hide its queueing).
+fn latency_at_half_nginx(
+    targets: &mut [Target],
+    path: &str,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let profile = TlsProfile::tls13_ecdsa();
+    results.summarize();
+    let Some(nginx) = results.summary("handshake", &profile.label(), TargetKind::Nginx) else {
+        return Ok(());
+    };
+    let rate = (nginx.ops_per_sec / 2.0).max(1.0);
+    interleave(
+        targets,
+        opts,
+        "latency",
+        &[rate],
+        |r| format!("{} at {r:.0}/s (half nginx's max)", profile.label()),
+        |r, t| {
+            Job::Handshake(HandshakeJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: profile.clone(),
+                path: path.to_string(),
+                pacing: Pacing::Open {
+                    per_second: *r,
+                    max_in_flight: 4096,
+                },
+                window: opts.window(),
+                cores: opts.placement.client_cores.clone(),
+            })
+        },
+        results,
+    )
+}
+
+/// Closed loop: the maximum rate and its CPU per handshake.
+fn saturated_handshakes(
+    targets: &mut [Target],
+    path: &str,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    interleave(
+        targets,
+        opts,
+        "handshake",
+        &opts.handshake_kinds,
+        TlsProfile::label,
+        |profile, t| {
+            Job::Handshake(HandshakeJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: profile.clone(),
+                path: path.to_string(),
+                pacing: Pacing::Closed {
+                    concurrency: opts.handshake_concurrency,
+                },
+                window: opts.window(),
+                cores: opts.placement.client_cores.clone(),
+            })
+        },
+        results,
+    )
+}
+
+fn transfer(
+    materials: &Materials,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let mut paths = Vec::new();
+    for size in &opts.sizes {
+        paths.push((*size, materials.file(*size)?));
+    }
+    let max = opts.sizes.iter().copied().max().unwrap_or(1 << 10);
+    let mut targets = start_all(materials, opts, max, results)?;
+    interleave(
+        &mut targets,
+        opts,
+        "transfer",
+        &paths,
+        |(size, _)| size_name(*size),
+        |(_, path), t| {
+            Job::Transfer(TransferJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: TlsProfile::tls13_ecdsa(),
+                path: path.clone(),
+                connections: opts.transfer_connections,
+                window: opts.window(),
+                cores: opts.placement.client_cores.clone(),
+            })
+        },
+        results,
+    )
+}
+
+fn stream(
+    materials: &Materials,
+    opts: &BenchOptions,
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    let path = materials.file(1 << 20)?;
+    let mut targets = start_all(materials, opts, 1 << 20, results)?;
+    let interval = (Duration::from_secs(1), Duration::from_secs(5));
+    interleave(
+        &mut targets,
+        opts,
+        "stream",
+        &opts.stream_connections,
+        |c| format!("{c}"),
+        |connections, t| {
+            // Time to open every connection (a few thousand handshakes a
+            // second), then one whole interval so fetches spread out.
+            let warmup = Duration::from_secs_f64(*connections as f64 / 1500.0)
+                + if opts.quick {
+                    Duration::from_secs(1)
+                } else {
+                    interval.1
+                };
+            Job::Stream(StreamJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: TlsProfile::tls13_ecdsa(),
+                path: path.clone(),
+                connections: *connections,
+                interval,
+                connect_concurrency: 64,
+                window: Window {
+                    warmup,
+                    measure: opts.stream_measure,
+                },
+                cores: opts.placement.client_cores.clone(),
+            })
+        },
+        results,
+    )
+}

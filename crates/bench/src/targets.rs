@@ -1,0 +1,505 @@
+//! The servers under test, each started by the bench with an equivalent
+//! configuration: the same two certificates, the same document root, TLS
+//! 1.2 and 1.3 with the same suites and groups, session resumption on,
+//! one worker, no access log, pinned to the server core. The client then
+//! decides what is negotiated by offering exactly one version, suite,
+//! group and signature scheme — and the bench checks what was negotiated.
+
+use std::fmt;
+use std::fs;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::BenchError;
+use crate::materials::Materials;
+use crate::proc::ProcessTree;
+
+/// Which server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TargetKind {
+    /// This project.
+    Tlsgate,
+    /// nginx with OpenSSL (Debian package).
+    Nginx,
+    /// HAProxy with OpenSSL (Debian package).
+    Haproxy,
+}
+
+impl TargetKind {
+    /// All targets, in report order.
+    pub const ALL: [TargetKind; 3] = [Self::Tlsgate, Self::Nginx, Self::Haproxy];
+
+    /// Parses "tlsgate", "nginx" or "haproxy".
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "tlsgate" => Some(Self::Tlsgate),
+            "nginx" => Some(Self::Nginx),
+            "haproxy" => Some(Self::Haproxy),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tlsgate => "tlsgate",
+            Self::Nginx => "nginx",
+            Self::Haproxy => "haproxy",
+        }
+    }
+}
+
+impl fmt::Display for TargetKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a target is started.
+#[derive(Debug, Clone)]
+pub struct TargetSettings {
+    /// Pin the server here (all its processes and threads).
+    pub core: Option<usize>,
+    /// Largest file a scenario fetches (HAProxy needs buffers that large).
+    pub max_file: u64,
+    /// The tlsgate binary.
+    pub tlsgate_bin: PathBuf,
+    /// Extra TOML for tlsgate's `[server]` section (e.g. `key_isolation = false`).
+    pub tlsgate_server_extra: String,
+}
+
+/// A running target.
+pub struct Target {
+    kind: TargetKind,
+    addr: SocketAddr,
+    child: Child,
+    tree: ProcessTree,
+    log: PathBuf,
+    version: String,
+}
+
+impl Target {
+    /// Starts `kind` and waits until it accepts connections.
+    pub fn start(
+        kind: TargetKind,
+        materials: &Materials,
+        settings: &TargetSettings,
+    ) -> Result<Self, BenchError> {
+        let port = free_port()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let dir = materials.dir().join(kind.name());
+        fs::create_dir_all(&dir).map_err(BenchError::io(&dir))?;
+        let log = dir.join("server.log");
+        let (program, args, version) = match kind {
+            TargetKind::Tlsgate => {
+                let conf = dir.join("tlsgate.toml");
+                write(&conf, &tlsgate_config(materials, addr, settings))?;
+                let bin = settings.tlsgate_bin.display().to_string();
+                (
+                    bin.clone(),
+                    vec![
+                        "serve".into(),
+                        "--config".into(),
+                        conf.display().to_string(),
+                    ],
+                    program_version(&bin, &["--version"]),
+                )
+            }
+            TargetKind::Nginx => {
+                let program = find("nginx", &["/usr/sbin/nginx"])?;
+                let conf = dir.join("nginx.conf");
+                write(&conf, &nginx_config(materials, addr, &dir))?;
+                let version = program_version(&program, &["-v"]);
+                (
+                    program,
+                    vec![
+                        "-p".into(),
+                        dir.display().to_string(),
+                        "-c".into(),
+                        conf.display().to_string(),
+                    ],
+                    version,
+                )
+            }
+            TargetKind::Haproxy => {
+                let program = find("haproxy", &["/usr/sbin/haproxy"])?;
+                let conf = dir.join("haproxy.cfg");
+                write(&conf, &haproxy_config(materials, addr, settings.max_file)?)?;
+                let version = program_version(&program, &["-v"]);
+                (
+                    program,
+                    vec!["-db".into(), "-f".into(), conf.display().to_string()],
+                    version,
+                )
+            }
+        };
+        let out = fs::File::create(&log).map_err(BenchError::io(&log))?;
+        let err = out.try_clone().map_err(BenchError::io(&log))?;
+        // taskset execs the server: the child's pid is the server's.
+        let mut cmd = match settings.core {
+            Some(core) => {
+                let mut c = Command::new("taskset");
+                c.arg("-c").arg(core.to_string()).arg(&program);
+                c
+            }
+            None => Command::new(&program),
+        };
+        let child = cmd
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| BenchError::Target {
+                target: kind.to_string(),
+                problem: format!("cannot run {program}: {e}"),
+                log: String::new(),
+            })?;
+        let mut target = Self {
+            kind,
+            addr,
+            tree: ProcessTree::of(child.id()),
+            child,
+            log,
+            version,
+        };
+        target.await_ready()?;
+        // Workers exist once it accepts: take the tree now.
+        target.tree = ProcessTree::of(target.child.id());
+        Ok(target)
+    }
+
+    fn await_ready(&mut self) -> Result<(), BenchError> {
+        let limit = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(self.failure(format!("exited at start ({status})")));
+            }
+            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+                // nginx accepts in its master's socket before the worker runs.
+                std::thread::sleep(Duration::from_millis(100));
+                return Ok(());
+            }
+            if Instant::now() > limit {
+                return Err(self.failure("not accepting connections after 15 s".into()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// An error carrying the end of the target's log.
+    pub fn failure(&self, problem: String) -> BenchError {
+        BenchError::Target {
+            target: self.kind.to_string(),
+            problem,
+            log: self.log_tail(),
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Which server.
+    pub fn kind(&self) -> TargetKind {
+        self.kind
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its processes.
+    pub fn tree(&self) -> &ProcessTree {
+        &self.tree
+    }
+
+    /// Its version line.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Fails if the target died.
+    pub fn check_alive(&mut self) -> Result<(), BenchError> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(self.failure(format!("died ({status})"))),
+            Err(e) => Err(self.failure(format!("cannot wait: {e}"))),
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let limit = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The descriptor limit every target may use (a container may forbid raising it).
+fn fd_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(1 << 20)
+        .min(1 << 20)
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(BenchError::io("127.0.0.1:0"))?;
+    Ok(l.local_addr()
+        .map_err(BenchError::io("127.0.0.1:0"))?
+        .port())
+}
+
+fn write(path: &Path, text: &str) -> Result<(), BenchError> {
+    fs::write(path, text).map_err(BenchError::io(path))
+}
+
+fn find(program: &str, fallbacks: &[&str]) -> Result<String, BenchError> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(program))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain(fallbacks.iter().map(PathBuf::from))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+        .ok_or_else(|| BenchError::Missing {
+            program: program.into(),
+            hint: "run `./dev setup` (installs nginx-light, haproxy, wrk)".into(),
+        })
+}
+
+fn program_version(program: &str, args: &[&str]) -> String {
+    Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            text.lines().next().unwrap_or("").trim().to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// TLS 1.2 suites, in OpenSSL's names, offered by every target.
+const TLS12_SUITES: &str = "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:\
+ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:\
+ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+/// TLS 1.3 suites.
+const TLS13_SUITES: &str =
+    "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
+/// Groups both OpenSSL 3.0 and rustls have (OpenSSL 3.0 has no ML-KEM).
+const GROUPS: &str = "X25519:P-256";
+
+/// tlsgate: one worker, no admin listener, no access log.
+pub fn tlsgate_config(m: &Materials, addr: SocketAddr, s: &TargetSettings) -> String {
+    format!(
+        r#"[server]
+workers = 1
+{extra}
+[admin]
+listen = ""
+
+[access_log]
+target = "off"
+
+[limits]
+max_connections = 100000
+max_connections_per_ip = 100000
+max_requests_per_connection = 100000000
+keepalive_timeout = "75s"
+# All load comes from one address: the flood limits would measure themselves.
+handshake_rate_per_source = 0
+max_handshakes_per_source = 0
+max_handshakes_in_progress = 0
+
+[tls]
+versions = ["1.2", "1.3"]
+cipher_suites = [
+  "TLS13_AES_128_GCM_SHA256", "TLS13_AES_256_GCM_SHA384", "TLS13_CHACHA20_POLY1305_SHA256",
+  "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+  "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+  "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+]
+key_exchange_groups = ["X25519", "secp256r1", "X25519MLKEM768"]
+session_cache_size = 20480
+
+[[listener]]
+listen = ["{addr}"]
+root = "{root}"
+
+[[listener.certificate]]
+cert = "{ecdsa_cert}"
+key = "{ecdsa_key}"
+
+[[listener.certificate]]
+cert = "{rsa_cert}"
+key = "{rsa_key}"
+"#,
+        extra = s.tlsgate_server_extra,
+        root = m.root.display(),
+        ecdsa_cert = m.ecdsa.cert.display(),
+        ecdsa_key = m.ecdsa.key.display(),
+        rsa_cert = m.rsa.cert.display(),
+        rsa_key = m.rsa.key.display(),
+    )
+}
+
+/// nginx: one worker, both certificates, shared session cache and tickets.
+pub fn nginx_config(m: &Materials, addr: SocketAddr, dir: &Path) -> String {
+    format!(
+        r#"# Written by tlsgate bench.
+daemon off;
+master_process on;
+worker_processes 1;
+worker_rlimit_nofile {fds};
+user root;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{
+    worker_connections {conns};
+}}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000000;
+    keepalive_timeout 75s;
+    server {{
+        listen {addr} ssl;
+        server_name {name};
+        root {root};
+        ssl_certificate {ecdsa_cert};
+        ssl_certificate_key {ecdsa_key};
+        ssl_certificate {rsa_cert};
+        ssl_certificate_key {rsa_key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_ciphers {tls12};
+        ssl_conf_command Ciphersuites {tls13};
+        ssl_prefer_server_ciphers on;
+        ssl_ecdh_curve {groups};
+        ssl_session_cache shared:SSL:64m;
+        ssl_session_timeout 1h;
+        ssl_session_tickets on;
+    }}
+}}
+"#,
+        dir = dir.display(),
+        fds = fd_limit(),
+        conns = fd_limit().saturating_sub(100),
+        name = crate::materials::SERVER_NAME,
+        root = m.root.display(),
+        ecdsa_cert = m.ecdsa.cert.display(),
+        ecdsa_key = m.ecdsa.key.display(),
+        rsa_cert = m.rsa.cert.display(),
+        rsa_key = m.rsa.key.display(),
+        tls12 = TLS12_SUITES,
+        tls13 = TLS13_SUITES,
+        groups = GROUPS,
+    )
+}
+
+/// HAProxy: one thread, both certificates, files answered from memory with
+/// `http-request return` (HAProxy is a proxy and serves no files from disk;
+/// its buffers must hold the largest file).
+pub fn haproxy_config(
+    m: &Materials,
+    addr: SocketAddr,
+    max_file: u64,
+) -> Result<String, BenchError> {
+    let mut returns = String::new();
+    let dir = m.root.join("f");
+    let mut names: Vec<(String, u64)> = fs::read_dir(&dir)
+        .map_err(BenchError::io(&dir))?
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e.file_name().to_str()?.to_string(),
+                e.metadata().ok()?.len(),
+            ))
+        })
+        .collect();
+    names.sort();
+    for (name, _) in &names {
+        returns.push_str(&format!(
+            "    http-request return status 200 content-type application/octet-stream file {} if {{ path /f/{name} }}\n",
+            dir.join(name).display()
+        ));
+    }
+    let largest = names
+        .iter()
+        .map(|(_, l)| *l)
+        .max()
+        .unwrap_or(0)
+        .max(max_file);
+    // Room for the file plus headers and HAProxy's rewrite reserve.
+    let bufsize = (largest + 64 * 1024).max(16 * 1024);
+    Ok(format!(
+        r#"# Written by tlsgate bench.
+global
+    nbthread 1
+    ulimit-n {fds}
+    maxconn {conns}
+    tune.bufsize {bufsize}
+    tune.ssl.cachesize 100000
+    tune.ssl.lifetime 3600
+    ssl-default-bind-ciphers {tls12}
+    ssl-default-bind-ciphersuites {tls13}
+    ssl-default-bind-curves {groups}
+    ssl-default-bind-options ssl-min-ver TLSv1.2 ssl-max-ver TLSv1.3
+    log stderr format raw local0 err
+
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 75s
+    timeout server 75s
+    timeout http-keep-alive 75s
+    option http-keep-alive
+
+frontend bench
+    bind {addr} ssl crt {ecdsa} crt {rsa} alpn http/1.1
+{returns}    http-request return status 404
+"#,
+        fds = fd_limit(),
+        // HAProxy reserves two descriptors per connection.
+        conns = fd_limit().saturating_sub(100) / 2,
+        tls12 = TLS12_SUITES,
+        tls13 = TLS13_SUITES,
+        groups = GROUPS,
+        ecdsa = m.ecdsa.combined.display(),
+        rsa = m.rsa.combined.display(),
+    ))
+}

@@ -1,0 +1,258 @@
+//! Calibration and validation: both measure tlsgate with the bench's
+//! generator, pinned, server CPU from /proc, medians over repeats.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tlsgate_bench::materials::{Materials, SERVER_NAME};
+use tlsgate_bench::report::{median, Machine};
+use tlsgate_bench::runner::Job;
+use tlsgate_bench::scenario::handshake_kinds;
+use tlsgate_bench::{BenchOptions, Cell, Runner, Target, TargetKind};
+use tlsgate_loadgen::{
+    Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, TransferJob, Version, Window,
+};
+
+use crate::model::{cipher_name, CostError, Model, Workload};
+
+const SMALL: u64 = 1 << 10;
+const BULK: u64 = 10 << 20;
+
+fn handshake_job(
+    t: &Target,
+    profile: TlsProfile,
+    path: &str,
+    concurrency: usize,
+    window: Window,
+    opts: &BenchOptions,
+) -> Job {
+    Job::Handshake(HandshakeJob {
+        addr: t.addr(),
+        server_name: SERVER_NAME.into(),
+        profile,
+        path: path.into(),
+        pacing: Pacing::Closed { concurrency },
+        window,
+        cores: opts.placement.client_cores.clone(),
+    })
+}
+
+fn repeat(
+    opts: &BenchOptions,
+    t: &mut Target,
+    case: &str,
+    job: impl Fn(&Target) -> Job,
+) -> Result<Vec<Cell>, CostError> {
+    let mut cells = Vec::new();
+    for r in 0..opts.repeats {
+        tracing::info!("cost: {case} [{}/{}]", r + 1, opts.repeats);
+        let j = job(t);
+        cells.push(Runner::measure(t, "cost", case, r, j)?);
+    }
+    Ok(cells)
+}
+
+/// Measures the model's coefficients on this machine against tlsgate.
+pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
+    let materials = Materials::create()?;
+    let small = materials.file(SMALL)?;
+    let bulk = materials.file(BULK)?;
+    let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(BULK))?;
+    let mut model = Model {
+        machine: {
+            let m = Machine::detect(String::new());
+            format!("{}, {} cores, kernel {}", m.cpu, m.cores, m.kernel)
+        },
+        date: Machine::detect(String::new()).date,
+        server: target.version().to_string(),
+        handshake_us: Default::default(),
+        byte_ns: Default::default(),
+        handshake_response_bytes: 0.0,
+    };
+    let mut response_bytes = Vec::new();
+    for profile in handshake_kinds() {
+        let label = profile.label();
+        let cells = repeat(opts, &mut target, &label, |t| {
+            handshake_job(
+                t,
+                profile.clone(),
+                &small,
+                opts.handshake_concurrency,
+                opts.window(),
+                opts,
+            )
+        })?;
+        model.handshake_us.insert(
+            label,
+            median(cells.iter().map(|c| c.server_cpu_us_per_op).collect()),
+        );
+        response_bytes.extend(
+            cells
+                .iter()
+                .map(|c| c.load.bytes as f64 / c.load.operations.max(1) as f64),
+        );
+    }
+    model.handshake_response_bytes = median(response_bytes);
+    for cipher in [
+        Cipher::Aes128Gcm,
+        Cipher::Aes256Gcm,
+        Cipher::Chacha20Poly1305,
+    ] {
+        let profile = TlsProfile {
+            cipher,
+            ..TlsProfile::tls13_ecdsa()
+        };
+        let name = cipher_name(cipher);
+        let cells = repeat(opts, &mut target, name, |t| {
+            Job::Transfer(TransferJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: profile.clone(),
+                path: bulk.clone(),
+                connections: 8,
+                window: opts.window(),
+                cores: opts.placement.client_cores.clone(),
+            })
+        })?;
+        model.byte_ns.insert(
+            name.to_string(),
+            median(cells.iter().map(|c| c.server_cpu_ns_per_byte).collect()),
+        );
+    }
+    Ok(model)
+}
+
+/// One validated workload.
+#[derive(Debug, Clone, Serialize)]
+pub struct ValidationRow {
+    /// What was run.
+    pub workload: String,
+    /// Predicted maximum transactions per second per core.
+    pub predicted_tps_per_core: f64,
+    /// Measured: transactions per server CPU-second.
+    pub measured_tps_per_core: f64,
+    /// Transactions per second the server actually reached (wall clock).
+    pub measured_tps: f64,
+    /// Server core utilization during the measurement.
+    pub server_utilization: f64,
+    /// (predicted − measured) / measured.
+    pub error: f64,
+}
+
+/// The validation table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Validation {
+    /// Rows.
+    pub rows: Vec<ValidationRow>,
+}
+
+impl Validation {
+    /// The largest absolute error.
+    pub fn worst_error(&self) -> f64 {
+        self.rows.iter().map(|r| r.error.abs()).fold(0.0, f64::max)
+    }
+
+    /// A Markdown table.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from(
+            "| workload | predicted txn/s per core | measured txn/s per core | measured txn/s | server CPU % | error |\n|---|---:|---:|---:|---:|---:|\n",
+        );
+        for r in &self.rows {
+            out.push_str(&format!(
+                "| {} | {:.1} | {:.1} | {:.1} | {:.0} | {:+.1} % |\n",
+                r.workload,
+                r.predicted_tps_per_core,
+                r.measured_tps_per_core,
+                r.measured_tps,
+                r.server_utilization * 100.0,
+                r.error * 100.0
+            ));
+        }
+        out
+    }
+}
+
+/// Runs workloads unlike the calibration's and compares the model's
+/// prediction with measurement: 1 KiB and 100 MiB per transaction, full and
+/// resumed, plus a TLS 1.2 1 MiB workload.
+pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostError> {
+    let big: u64 = if opts.quick { 8 << 20 } else { 100 << 20 };
+    let workloads: Vec<(u64, Version, bool)> = vec![
+        (SMALL, Version::Tls13, false),
+        (SMALL, Version::Tls13, true),
+        (big, Version::Tls13, false),
+        (big, Version::Tls13, true),
+        (1 << 20, Version::Tls12, false),
+    ];
+    let materials = Materials::create()?;
+    let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(big))?;
+    let mut rows = Vec::new();
+    for (size, version, resumed) in workloads {
+        let path = materials.file(size)?;
+        let profile = TlsProfile {
+            version,
+            key: KeyType::EcdsaP256,
+            cipher: Cipher::Aes128Gcm,
+            group: Group::X25519,
+            resume: resumed,
+            client_identity: None,
+        };
+        let name = format!(
+            "{} per txn, {}",
+            tlsgate_bench::materials::size_name(size),
+            profile.label()
+        );
+        // Big transactions: few in flight, and a window that holds many.
+        let (concurrency, window) = if size >= 1 << 20 {
+            (
+                4,
+                Window {
+                    warmup: opts.warmup,
+                    measure: opts
+                        .measure
+                        .max(Duration::from_secs(if opts.quick { 1 } else { 5 })),
+                },
+            )
+        } else {
+            (opts.handshake_concurrency, opts.window())
+        };
+        let cells = repeat(opts, &mut target, &name, |t| {
+            handshake_job(t, profile.clone(), &path, concurrency, window, opts)
+        })?;
+        // Transactions cut by the window's edges still cost CPU inside it:
+        // count big ones by the bytes that arrived.
+        let txn = |c: &Cell| {
+            if size >= 1 << 20 {
+                c.load.bytes as f64 / size as f64
+            } else {
+                c.load.operations as f64
+            }
+        };
+        let measured = median(
+            cells
+                .iter()
+                .map(|c| txn(c) / c.server_cpu_secs.max(1e-9))
+                .collect(),
+        );
+        let predicted = model
+            .predict(&Workload {
+                rate: 1.0,
+                bytes: size as f64,
+                resumed: if resumed { 1.0 } else { 0.0 },
+                mtls: false,
+                version,
+                key: KeyType::EcdsaP256,
+                cipher: Cipher::Aes128Gcm,
+            })?
+            .max_tps_per_core;
+        rows.push(ValidationRow {
+            workload: name,
+            predicted_tps_per_core: predicted,
+            measured_tps_per_core: measured,
+            measured_tps: median(cells.iter().map(|c| txn(c) / c.load.window_secs).collect()),
+            server_utilization: median(cells.iter().map(|c| c.server_utilization).collect()),
+            error: (predicted - measured) / measured.max(1e-9),
+        });
+    }
+    Ok(Validation { rows })
+}

@@ -1,0 +1,553 @@
+//! The network-facing side: starts the key supervisor, receives a
+//! connection to each key server it starts, and forwards signatures.
+//!
+//! Requests carry ids, so the worker threads' signatures are in flight
+//! together on one connection: a request is written under a short lock,
+//! then its thread waits (with a timeout) for the reader thread to hand it
+//! the answer with its id. When the key server dies, its connection reads
+//! EOF, every waiting request fails at once, and new ones fail without
+//! waiting until the supervisor's next key server is connected and loaded.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use rustls::sign::CertifiedKey;
+use rustls::SignatureScheme;
+use rustls_pki_types::CertificateDer;
+use tlsgate_tls::{KeyBackend, KeyUnavailable, LoadedCert, RemoteKey};
+
+use crate::proto::{self, CertEntry, Deframer, LoadError, Request, Response};
+
+/// How long a `load` (reading every key file) may take.
+const LOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the supervisor may take to connect its first key server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Signatures waiting at once before new ones are refused.
+const MAX_PENDING: usize = 4096;
+
+/// Why the key process could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The configuration or a key is wrong (found by the key process).
+    #[error("{}: key `{}`: {}", .0.origin, .0.key, .0.problem)]
+    Config(LoadError),
+    /// The key process could not be started or talked to.
+    #[error("key process: {0}")]
+    Io(#[from] io::Error),
+    /// The key process broke the protocol.
+    #[error("key process: {0}")]
+    Protocol(#[from] proto::ProtoError),
+    /// It answered something other than what was asked.
+    #[error("key process: unexpected answer to {0}")]
+    Unexpected(&'static str),
+    /// It did not answer in time or went away.
+    #[error("key process: {0}")]
+    Unavailable(#[from] KeyUnavailable),
+}
+
+/// What the network side wants to hear about the key process.
+pub trait Events: Send + Sync {
+    /// A signature could not be had.
+    fn sign_failed(&self, why: KeyUnavailable);
+    /// A key server is connected (`restart`: not the first) or lost.
+    fn key_server(&self, up: bool, restart: bool);
+    /// A restarted key server lacks keys the running configuration uses
+    /// (self-signed certificate made anew, key files changed): reload.
+    fn keys_changed(&self);
+}
+
+type Pending = HashMap<u64, SyncSender<Response>>;
+
+/// One connection to one key server.
+struct Connection {
+    writer: Mutex<UnixStream>,
+    pending: Mutex<Pending>,
+    alive: AtomicBool,
+    /// The read half before the reader thread takes it: requests made
+    /// until then read their answer themselves (at start-up, while the
+    /// process must stay single-threaded until privileges are dropped).
+    direct: Mutex<Option<(UnixStream, Deframer)>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere must not take signing down with it.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Connection {
+    fn new(sock: UnixStream, timeout: Duration) -> io::Result<Arc<Self>> {
+        sock.set_write_timeout(Some(timeout))?;
+        let reader = sock.try_clone()?;
+        Ok(Arc::new(Self {
+            writer: Mutex::new(sock),
+            pending: Mutex::new(HashMap::new()),
+            alive: AtomicBool::new(true),
+            direct: Mutex::new(Some((reader, Deframer::new(proto::MAX_RESPONSE)))),
+        }))
+    }
+
+    /// Hands the read half to a thread that routes answers to their
+    /// waiters; `closed` runs when the key server's side closes.
+    fn start_reader(
+        self: &Arc<Self>,
+        closed: impl FnOnce(&Arc<Connection>) + Send + 'static,
+    ) -> io::Result<()> {
+        let Some((mut sock, mut frames)) = lock(&self.direct).take() else {
+            return Ok(());
+        };
+        sock.set_read_timeout(None)?;
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("key-reader".into())
+            .spawn(move || {
+                if let Err(e) = me.read_loop(&mut sock, &mut frames) {
+                    tracing::error!("dropping the key server connection: {e}");
+                }
+                // Close our side too: a key server we stopped listening to
+                // (bad answer) then reads EOF, exits, and is replaced.
+                me.close();
+                // Dropping the senders wakes every waiter with "disconnected".
+                lock(&me.pending).clear();
+                closed(&me);
+            })?;
+        Ok(())
+    }
+
+    fn read_loop(&self, sock: &mut UnixStream, frames: &mut Deframer) -> Result<(), KeyError> {
+        loop {
+            if frames.read_from(sock)? == 0 {
+                return Ok(());
+            }
+            while let Some(f) = frames.next_frame()? {
+                let (id, resp) = proto::decode_response(f)?;
+                // An answer nobody waits for (timed out) is dropped.
+                if let Some(tx) = lock(&self.pending).remove(&id) {
+                    let _ = tx.try_send(resp);
+                }
+            }
+        }
+    }
+
+    fn send(&self, id: u64, req: &Request) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(64);
+        proto::encode_request(&mut buf, id, req);
+        let r = lock(&self.writer).write_all(&buf);
+        if r.is_err() {
+            self.alive.store(false, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// Sends `req` and waits up to `timeout` for its answer.
+    fn call(&self, id: u64, req: &Request, timeout: Duration) -> Result<Response, KeyUnavailable> {
+        if !self.alive.load(Ordering::SeqCst) {
+            return Err(KeyUnavailable::Down);
+        }
+        {
+            let mut direct = lock(&self.direct);
+            if let Some((sock, frames)) = direct.as_mut() {
+                self.send(id, req).map_err(|_| KeyUnavailable::Down)?;
+                return read_direct(sock, frames, id, timeout);
+            }
+        }
+        let (tx, rx) = sync_channel(1);
+        {
+            let mut pending = lock(&self.pending);
+            if pending.len() >= MAX_PENDING {
+                return Err(KeyUnavailable::Busy);
+            }
+            pending.insert(id, tx);
+        }
+        // The reader may have died between the check above and the insert.
+        if !self.alive.load(Ordering::SeqCst) || self.send(id, req).is_err() {
+            lock(&self.pending).remove(&id);
+            return Err(KeyUnavailable::Down);
+        }
+        match rx.recv_timeout(timeout) {
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout) => {
+                lock(&self.pending).remove(&id);
+                Err(KeyUnavailable::Timeout)
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(KeyUnavailable::Down),
+        }
+    }
+
+    fn close(&self) {
+        self.alive.store(false, Ordering::SeqCst);
+        let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Reads answers on the calling thread until the one for `id`.
+fn read_direct(
+    sock: &mut UnixStream,
+    frames: &mut Deframer,
+    id: u64,
+    timeout: Duration,
+) -> Result<Response, KeyUnavailable> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        while let Some(f) = frames.next_frame().map_err(|_| KeyUnavailable::Refused)? {
+            match proto::decode_response(f) {
+                Ok((got, resp)) if got == id => return Ok(resp),
+                Ok(_) => {}
+                Err(_) => return Err(KeyUnavailable::Refused),
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(KeyUnavailable::Timeout);
+        }
+        let _ = sock.set_read_timeout(Some(left));
+        match frames.read_from(sock) {
+            Ok(0) => return Err(KeyUnavailable::Down),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(KeyUnavailable::Timeout)
+            }
+            Err(_) => return Err(KeyUnavailable::Down),
+        }
+    }
+}
+
+/// The network side's handle on the key process.
+pub struct KeyClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    current: Mutex<Option<Arc<Connection>>>,
+    next_id: AtomicU64,
+    timeout: Duration,
+    events: OnceLock<Box<dyn Events>>,
+    /// Keys of the running configuration, checked after a restart.
+    active: Mutex<Vec<u64>>,
+    control: Mutex<Option<UnixStream>>,
+    supervisor: Mutex<Option<Child>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyClient").finish_non_exhaustive()
+    }
+}
+
+impl KeyClient {
+    /// Starts the key supervisor (`/proc/self/exe key-supervisor`) with the
+    /// arguments that make its key servers load the same configuration,
+    /// and waits for its first key server. No thread is started: call
+    /// [`KeyClient::start`] once privileges are dropped.
+    pub fn spawn(worker_args: &[OsString], timeout: Duration) -> Result<KeyClient, KeyError> {
+        let (ours, theirs) = tlsgate_sys::ipc::socket_pair()?;
+        let child = Command::new("/proc/self/exe")
+            .arg0("tlsgate")
+            .arg("key-supervisor")
+            .arg("--parent")
+            .arg(std::process::id().to_string())
+            .arg("--")
+            .args(worker_args)
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            // Its own process group: a Ctrl-C for the server must not kill
+            // the keys it still needs while it drains.
+            .process_group(0)
+            .spawn()?;
+        let inner = Arc::new(Inner {
+            current: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            timeout,
+            events: OnceLock::new(),
+            active: Mutex::new(Vec::new()),
+            control: Mutex::new(None),
+            supervisor: Mutex::new(Some(child)),
+        });
+        ours.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+        let first = tlsgate_sys::ipc::recv_fd(&ours)?
+            .ok_or_else(|| io::Error::other("the key supervisor exited at start"))?;
+        ours.set_read_timeout(None)?;
+        *lock(&inner.control) = Some(ours);
+        *lock(&inner.current) = Some(Connection::new(UnixStream::from(first), timeout)?);
+        Ok(KeyClient { inner })
+    }
+
+    /// Asks the key server to load the configuration's keys (keeping
+    /// `keep`), and returns the certificates per listener, each with a
+    /// [`RemoteKey`] that signs through this client.
+    pub fn load(&self, keep: &[u64]) -> Result<Vec<Vec<LoadedCert>>, KeyError> {
+        let conn = lock(&self.inner.current)
+            .clone()
+            .ok_or(KeyUnavailable::Down)?;
+        let listeners = self.inner.load_on(&conn, keep)?;
+        let backend: Arc<dyn KeyBackend> = self.inner.clone();
+        Ok(listeners
+            .into_iter()
+            .map(|certs| {
+                certs
+                    .into_iter()
+                    .map(|c| LoadedCert {
+                        certified: Arc::new(CertifiedKey::new(
+                            c.chain.into_iter().map(CertificateDer::from).collect(),
+                            Arc::new(RemoteKey::new(c.key, backend.clone())),
+                        )),
+                        names: c.names,
+                        default: c.default,
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Records the keys the running configuration uses.
+    pub fn set_active(&self, ids: Vec<u64>) {
+        *lock(&self.inner.active) = ids;
+    }
+
+    /// Starts the threads: the reader of the current connection and the
+    /// one that takes each restarted key server into use.
+    pub fn start(&self, events: Box<dyn Events>) -> io::Result<()> {
+        let _ = self.inner.events.set(events);
+        if let Some(c) = lock(&self.inner.current).clone() {
+            c.start_reader(self.inner.on_close())?;
+        }
+        let control = lock(&self.inner.control)
+            .as_ref()
+            .map(UnixStream::try_clone)
+            .transpose()?;
+        if let Some(control) = control {
+            let inner = self.inner.clone();
+            std::thread::Builder::new()
+                .name("key-connector".into())
+                .spawn(move || inner.connector(&control))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for KeyClient {
+    fn drop(&mut self) {
+        // Closing the sockets ends the key server (EOF) and then the
+        // supervisor (its next hand-over fails). The supervisor is reaped
+        // only when it could be killed (not after dropping privileges).
+        if let Some(c) = lock(&self.inner.current).take() {
+            c.close();
+        }
+        if let Some(c) = lock(&self.inner.control).take() {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(mut child) = lock(&self.inner.supervisor).take() {
+            if child.kill().is_ok() {
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn load_on(&self, conn: &Connection, keep: &[u64]) -> Result<Vec<Vec<CertEntry>>, KeyError> {
+        let keep = keep.iter().take(proto::MAX_KEYS).copied().collect();
+        match conn.call(self.id(), &Request::Load { keep }, LOAD_TIMEOUT)? {
+            Response::Loaded(l) => Ok(l),
+            Response::LoadFailed(e) => Err(KeyError::Config(e)),
+            _ => Err(KeyError::Unexpected("load")),
+        }
+    }
+
+    /// What a connection's reader does when the key server is gone.
+    fn on_close(self: &Arc<Self>) -> impl FnOnce(&Arc<Connection>) + Send + 'static {
+        let me = Arc::downgrade(self);
+        move |conn| {
+            let Some(me) = me.upgrade() else { return };
+            let current = lock(&me.current)
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(c, conn));
+            if current {
+                tracing::warn!("lost the key server; handshakes fail until it is back");
+                me.event(|e| e.key_server(false, false));
+            }
+        }
+    }
+
+    fn event(&self, f: impl FnOnce(&dyn Events)) {
+        if let Some(e) = self.events.get() {
+            f(e.as_ref());
+        }
+    }
+
+    /// Takes each new key server into use, until the supervisor is gone.
+    fn connector(self: &Arc<Self>, control: &UnixStream) {
+        loop {
+            let fd = match tlsgate_sys::ipc::recv_fd(control) {
+                Ok(Some(fd)) => fd,
+                Ok(None) | Err(_) => {
+                    tracing::error!(
+                        "the key supervisor is gone: handshakes fail until tlsgate is restarted"
+                    );
+                    // Its control socket closes only when it exits: reap it.
+                    if let Some(mut child) = lock(&self.supervisor).take() {
+                        let _ = child.wait();
+                    }
+                    if let Some(c) = lock(&self.current).take() {
+                        c.close();
+                    }
+                    self.event(|e| e.key_server(false, false));
+                    return;
+                }
+            };
+            if let Err(e) = self.adopt(UnixStream::from(fd)) {
+                tracing::error!("restarted key server unusable: {e}");
+            }
+        }
+    }
+
+    fn adopt(self: &Arc<Self>, sock: UnixStream) -> Result<(), KeyError> {
+        let conn = Connection::new(sock, self.timeout)?;
+        conn.start_reader(self.on_close())?;
+        let active = lock(&self.active).clone();
+        let loaded = match self.load_on(&conn, &active) {
+            Ok(l) => l,
+            Err(e) => {
+                // Keep it anyway: the keys it could load still sign.
+                *lock(&self.current) = Some(conn);
+                return Err(e);
+            }
+        };
+        let have: Vec<u64> = loaded.iter().flatten().map(|c| c.key.id).collect();
+        let missing = active.iter().any(|id| !have.contains(id));
+        if let Some(old) = lock(&self.current).replace(conn) {
+            old.close();
+        }
+        tracing::info!("key server restarted and connected");
+        self.event(|e| e.key_server(true, true));
+        if missing {
+            tracing::warn!(
+                "the restarted key server has other keys than the running configuration; reloading"
+            );
+            self.event(|e| e.keys_changed());
+        }
+        Ok(())
+    }
+}
+
+impl KeyBackend for Inner {
+    fn sign(
+        &self,
+        key_id: u64,
+        scheme: SignatureScheme,
+        message: &[u8],
+    ) -> Result<Vec<u8>, KeyUnavailable> {
+        let result = (|| {
+            if message.len() > proto::MAX_MESSAGE {
+                return Err(KeyUnavailable::Refused);
+            }
+            let conn = lock(&self.current).clone().ok_or(KeyUnavailable::Down)?;
+            let req = Request::Sign {
+                key_id,
+                scheme,
+                message: message.to_vec(),
+            };
+            match conn.call(self.id(), &req, self.timeout)? {
+                Response::Signature(s) => Ok(s),
+                _ => Err(KeyUnavailable::Refused),
+            }
+        })();
+        if let Err(why) = result {
+            self.event(|e| e.sign_failed(why));
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn sign() -> Request {
+        Request::Sign {
+            key_id: 1,
+            scheme: SignatureScheme::ED25519,
+            message: vec![1, 2, 3],
+        }
+    }
+
+    #[test]
+    fn answers_out_of_order_reach_their_waiters() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        conn.start_reader(|_| {}).unwrap();
+        let waiters: Vec<_> = (1..=3u64)
+            .map(|id| {
+                let c = conn.clone();
+                std::thread::spawn(move || c.call(id, &sign(), Duration::from_secs(5)))
+            })
+            .collect();
+        // Read the three requests, answer them in reverse order, in one write.
+        let mut d = Deframer::new(proto::MAX_REQUEST);
+        let mut ids = Vec::new();
+        while ids.len() < 3 {
+            d.read_from(&mut b).unwrap();
+            while let Some(f) = d.next_frame().unwrap() {
+                ids.push(proto::decode_request(f).unwrap().0);
+            }
+        }
+        let mut out = Vec::new();
+        for id in ids.iter().rev() {
+            proto::encode_response(&mut out, *id, &Response::Signature(vec![*id as u8; 4]));
+        }
+        b.write_all(&out).unwrap();
+        for (i, w) in waiters.into_iter().enumerate() {
+            let id = i as u8 + 1;
+            assert_eq!(w.join().unwrap().unwrap(), Response::Signature(vec![id; 4]));
+        }
+    }
+
+    #[test]
+    fn silence_times_out_and_garbage_closes_the_connection() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        let closed = Arc::new(AtomicBool::new(false));
+        let flag = closed.clone();
+        conn.start_reader(move |_| flag.store(true, Ordering::SeqCst))
+            .unwrap();
+        let t0 = Instant::now();
+        assert_eq!(
+            conn.call(1, &sign(), Duration::from_millis(200)),
+            Err(KeyUnavailable::Timeout)
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // A frame with a sound length and a garbage payload.
+        b.write_all(&[0, 0, 0, 12, 1, 0x99, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0])
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !closed.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "reader did not give up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            conn.call(2, &sign(), Duration::from_secs(1)),
+            Err(KeyUnavailable::Down)
+        );
+        // Our side was closed too, so the key server would see EOF.
+        let mut rest = Vec::new();
+        b.read_to_end(&mut rest).unwrap();
+    }
+}

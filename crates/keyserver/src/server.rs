@@ -1,0 +1,310 @@
+//! The key process and its supervisor.
+//!
+//! The supervisor (`tlsgate key-supervisor`) is started by the network-
+//! facing process before it drops privileges, so it keeps them. It never
+//! reads a key: it starts the key server (`tlsgate key-server`), hands one
+//! end of a fresh socket pair to the network-facing process over its
+//! control socket (`SCM_RIGHTS`), waits for the key server to exit, and
+//! starts another after a backoff. A fresh socket per key server means an
+//! answer half-written by a dying key server can never be mistaken for
+//! the start of the next one's.
+//!
+//! The key server reads the configuration and the private keys itself (the
+//! network-facing process cannot name other files to it), answers `load`
+//! with the public half of every certificate, and signs on request. Each
+//! wake-up drains every request that has arrived and answers them all in
+//! one write.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::sign::SigningKey;
+use tlsgate_config::{Config, ConfigError};
+use tlsgate_tls::{KeyInfo, SelfSignedCache};
+
+use crate::proto::{self, CertEntry, Deframer, Failure, LoadError, Request, Response};
+
+/// First wait before restarting a key server that exited.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between restarts.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A key server that ran this long resets the backoff.
+const HEALTHY_AFTER: Duration = Duration::from_secs(30);
+/// How long an answer may wait for the network-facing process to read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs the supervisor until the network-facing process goes away.
+///
+/// `control` is its control socket (standard input); `worker_args` are the
+/// arguments of `tlsgate key-server` (the configuration to load).
+pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -> io::Result<()> {
+    tlsgate_sys::ipc::die_with_parent(parent)?;
+    let me = std::process::id().to_string();
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let (ours, theirs) = tlsgate_sys::ipc::socket_pair()?;
+        // /proc/self/exe: the very binary that runs now, even if the file
+        // was replaced by an upgrade since.
+        let spawned = Command::new("/proc/self/exe")
+            .arg0("tlsgate")
+            .arg("key-server")
+            .arg("--parent")
+            .arg(&me)
+            .args(&worker_args)
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("cannot start the key server: {e}; retrying in {backoff:?}");
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        let started = Instant::now();
+        if let Err(e) = tlsgate_sys::ipc::send_fd(&control, &ours) {
+            // The network-facing process is gone: so are we.
+            let _ = child.kill();
+            let _ = child.wait();
+            tracing::debug!("control socket closed ({e}); key supervisor exits");
+            return Ok(());
+        }
+        drop(ours);
+        let status = child.wait()?;
+        if started.elapsed() >= HEALTHY_AFTER {
+            backoff = BACKOFF_MIN;
+        }
+        tracing::warn!("key server exited ({status}); starting another in {backoff:?}");
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// The keys the key server holds, by [`KeyInfo::id`].
+struct Keys {
+    by_id: HashMap<u64, Arc<dyn SigningKey>>,
+    self_signed: SelfSignedCache,
+}
+
+impl Keys {
+    fn sign(&self, key_id: u64, scheme: rustls::SignatureScheme, message: &[u8]) -> Response {
+        let Some(key) = self.by_id.get(&key_id) else {
+            return Response::Failed(Failure::UnknownKey);
+        };
+        let Some(signer) = key.choose_scheme(&[scheme]) else {
+            return Response::Failed(Failure::BadScheme);
+        };
+        match signer.sign(message) {
+            Ok(sig) if sig.len() <= proto::MAX_SIGNATURE => Response::Signature(sig),
+            _ => Response::Failed(Failure::SignFailed),
+        }
+    }
+
+    /// Reads the configuration and every key again. On success the loaded
+    /// keys replace the old ones, except those in `keep` that are gone
+    /// (the running configuration of the network side still uses them).
+    fn load(&mut self, config: Result<Config, ConfigError>, keep: &[u64]) -> Response {
+        let fail = |e: ConfigError| {
+            Response::LoadFailed(LoadError {
+                origin: e.origin,
+                key: e.key,
+                problem: e.problem,
+            })
+        };
+        let config = match config {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        let loaded = match tlsgate_tls::load_all(&config, &self.self_signed) {
+            Ok(l) => l,
+            Err(e) => return fail(e),
+        };
+        let mut by_id = HashMap::new();
+        let mut listeners = Vec::with_capacity(loaded.len());
+        for certs in loaded {
+            let mut entries = Vec::with_capacity(certs.len());
+            for c in certs {
+                let key = c.certified.key.clone();
+                let Some(info) = KeyInfo::of(&*key) else {
+                    return fail(ConfigError::new(
+                        &config.origin,
+                        "listener",
+                        "a private key cannot state its public key",
+                    ));
+                };
+                by_id.insert(info.id, key);
+                entries.push(CertEntry {
+                    default: c.default,
+                    names: c.names.clone(),
+                    chain: c
+                        .certified
+                        .cert
+                        .iter()
+                        .map(|d| d.as_ref().to_vec())
+                        .collect(),
+                    key: info,
+                });
+            }
+            listeners.push(entries);
+        }
+        for id in keep {
+            if let Some(old) = self.by_id.get(id) {
+                by_id.entry(*id).or_insert_with(|| old.clone());
+            }
+        }
+        self.by_id = by_id;
+        Response::Loaded(listeners)
+    }
+}
+
+/// Runs the key server on `conn` until the network side closes it (the
+/// caller makes it die with its supervisor first).
+///
+/// `load_config` reads the configuration the way `tlsgate serve` was told
+/// to (file and flags). An out-of-bounds frame length ends the server
+/// (the stream cannot be resynchronised; the supervisor starts another);
+/// any other bad request is answered with [`Failure::BadRequest`].
+pub fn serve(
+    mut conn: UnixStream,
+    load_config: impl Fn() -> Result<Config, ConfigError>,
+) -> io::Result<()> {
+    conn.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let mut keys = Keys {
+        by_id: HashMap::new(),
+        self_signed: SelfSignedCache::default(),
+    };
+    let mut input = Deframer::new(proto::MAX_REQUEST);
+    let mut out = Vec::with_capacity(64 * 1024);
+    loop {
+        // One read takes whatever has arrived: several workers' requests.
+        if input.read_from(&mut conn)? == 0 {
+            return Ok(());
+        }
+        out.clear();
+        loop {
+            let frame = match input.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    conn.write_all(&out)?;
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            };
+            let (id, resp) = match proto::decode_request(frame) {
+                Ok((
+                    id,
+                    Request::Sign {
+                        key_id,
+                        scheme,
+                        message,
+                    },
+                )) => (id, keys.sign(key_id, scheme, &message)),
+                Ok((id, Request::Load { keep })) => (id, keys.load(load_config(), &keep)),
+                Err(e) => {
+                    tracing::warn!("key server: bad request: {e}");
+                    let id = proto::request_id(frame).unwrap_or(0);
+                    (id, Response::Failed(Failure::BadRequest))
+                }
+            };
+            proto::encode_response(&mut out, id, &resp);
+        }
+        // Every answer of this wake-up in one write.
+        if !out.is_empty() {
+            conn.write_all(&out)?;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::path::Path;
+
+    fn answers(sock: &mut UnixStream, n: usize) -> Vec<(u64, Response)> {
+        let mut d = Deframer::new(proto::MAX_RESPONSE);
+        let mut out = Vec::new();
+        while out.len() < n {
+            assert!(d.read_from(sock).unwrap() > 0, "EOF after {out:?}");
+            while let Some(f) = d.next_frame().unwrap() {
+                out.push(proto::decode_response(f).unwrap());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn signs_in_batches_refuses_garbage_and_stops_on_a_bad_length() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("site")).unwrap();
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["a.test".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.path().join("c.pem"), cert.pem()).unwrap();
+        std::fs::write(dir.path().join("k.pem"), key.serialize_pem()).unwrap();
+        let toml = dir.path().join("t.toml");
+        std::fs::write(
+            &toml,
+            "[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n",
+        )
+        .unwrap();
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            serve(theirs, move || {
+                tlsgate_config::load(Some(&toml), &Default::default(), Path::new("/"))
+            })
+        });
+
+        // Three requests in one write: load, garbage behind a valid length, unknown key.
+        let mut buf = Vec::new();
+        proto::encode_request(&mut buf, 1, &Request::Load { keep: vec![] });
+        buf.extend_from_slice(&[0, 0, 0, 12, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9]);
+        let sign = |key_id| Request::Sign {
+            key_id,
+            scheme: rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
+            message: b"hello".to_vec(),
+        };
+        proto::encode_request(&mut buf, 3, &sign(7));
+        ours.write_all(&buf).unwrap();
+        let got = answers(&mut ours, 3);
+        let Response::Loaded(l) = &got[0].1 else {
+            panic!("{got:?}")
+        };
+        assert_eq!(got[0].0, 1);
+        assert_eq!(l[0][0].names, vec!["a.test".to_string()]);
+        assert_eq!(l[0][0].chain[0], cert.der().to_vec());
+        assert_eq!(got[1], (0, Response::Failed(Failure::BadRequest)));
+        assert_eq!(got[2], (3, Response::Failed(Failure::UnknownKey)));
+
+        let id = l[0][0].key.id;
+        let mut buf = Vec::new();
+        for i in 10..20 {
+            proto::encode_request(&mut buf, i, &sign(id));
+        }
+        ours.write_all(&buf).unwrap();
+        let got = answers(&mut ours, 10);
+        for (i, (rid, r)) in got.iter().enumerate() {
+            assert_eq!(*rid, 10 + i as u64);
+            assert!(matches!(r, Response::Signature(s) if s.len() > 60), "{r:?}");
+        }
+
+        // A length over the bound: the stream is untrustworthy, the server ends.
+        ours.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        let e = server.join().unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let mut rest = Vec::new();
+        let _ = ours.read_to_end(&mut rest);
+        assert!(rest.is_empty());
+    }
+}

@@ -1,0 +1,85 @@
+//! `transfer`: keep-alive GETs of one file over many connections
+//! (seed 001's web-server scenario).
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::engine::{self, Observer, Window};
+use crate::error::LoadError;
+use crate::handshake::{into_tally, keepalive_request, require_success, thread_dialer};
+use crate::http::{get_request, OpError};
+use crate::profile::TlsProfile;
+use crate::stats::{Report, Tally};
+
+/// A keep-alive transfer job.
+#[derive(Debug, Clone)]
+pub struct TransferJob {
+    /// The server.
+    pub addr: SocketAddr,
+    /// SNI and Host.
+    pub server_name: String,
+    /// What the client offers.
+    pub profile: TlsProfile,
+    /// The file fetched again and again.
+    pub path: String,
+    /// Connections, over all threads; each has one request in flight.
+    pub connections: usize,
+    /// Warm-up and measurement.
+    pub window: Window,
+    /// One generator thread per entry, pinned to the core it names.
+    pub cores: Vec<Option<usize>>,
+}
+
+/// After a failed connection, wait this long before the next one.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(20);
+
+/// Runs a transfer job; the observer sees the window open and close.
+pub fn run_transfer(job: &TransferJob, observer: &dyn Observer) -> Result<Report, LoadError> {
+    if job.connections == 0 {
+        return Err(LoadError::Job("connections must be at least 1".into()));
+    }
+    let per_thread = job.connections.div_ceil(job.cores.len().max(1));
+    let request = get_request(&job.path, &job.server_name, false);
+    let report = engine::run(&job.cores, job.window, observer, |_, clock| {
+        let request = request.clone();
+        async move {
+            let dialer = match thread_dialer(job.addr, &job.server_name, &job.profile, per_thread) {
+                Ok(d) => d,
+                Err(t) => return *t,
+            };
+            let tally = Rc::new(RefCell::new(Tally::new()));
+            let mut tasks = Vec::new();
+            for _ in 0..per_thread {
+                let (dialer, tally, request) = (dialer.clone(), tally.clone(), request.clone());
+                tasks.push(tokio::task::spawn_local(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while !clock.over() {
+                        let session = async {
+                            let mut tls = dialer.connect(&clock, &tally).await?;
+                            loop {
+                                keepalive_request(&mut tls, &request, &mut buf, &clock, &tally)
+                                    .await?;
+                            }
+                        };
+                        let r: Result<Result<(), OpError>, _> =
+                            tokio::time::timeout_at(clock.close.into(), session).await;
+                        if let Ok(Err(e)) = r {
+                            if clock.in_window(Instant::now()) {
+                                tally.borrow_mut().record_error(e.kind, || e.message);
+                            }
+                            tokio::time::sleep(RECONNECT_PAUSE).await;
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+            into_tally(tally)
+        }
+    })?;
+    let ok = report.operations > 0 || report.bytes > 0;
+    require_success(report, job.addr, ok)
+}

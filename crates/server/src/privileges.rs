@@ -1,0 +1,38 @@
+//! `server.user` / `server.group`: resolved at start (an unknown user is a
+//! configuration error), applied once every socket is bound and before any
+//! thread starts. After that the process has no capability and cannot gain
+//! one (no-new-privs), so a reload reads the configuration file and the
+//! document roots as that user; the key process, started earlier, keeps
+//! its own privileges and reads the certificates and keys.
+
+use tlsgate_config::{Config, ConfigError};
+use tlsgate_sys::privileges::{self, Ids};
+
+use crate::StartError;
+
+/// The ids to switch to, if `server.user` is set.
+pub(crate) fn resolve(config: &Config) -> Result<Option<Ids>, StartError> {
+    let Some(user) = &config.privileges.user else {
+        return Ok(None);
+    };
+    privileges::resolve(user, config.privileges.group.as_deref())
+        .map(Some)
+        .map_err(|e| {
+            let key = if e.step.starts_with("group") {
+                "server.group"
+            } else {
+                "server.user"
+            };
+            ConfigError::new(&config.origin, key, e.to_string()).into()
+        })
+}
+
+/// Switches to `ids` and drops every capability.
+pub(crate) fn drop(ids: Option<Ids>) -> Result<(), StartError> {
+    privileges::drop_privileges(ids).map_err(|e| StartError::Privileges(e.to_string()))?;
+    match ids {
+        Some(i) => tracing::info!("running as uid {} gid {}, no capabilities", i.uid, i.gid),
+        None => tracing::debug!("capabilities dropped"),
+    }
+    Ok(())
+}

@@ -1,0 +1,273 @@
+//! A rustls signing key whose private half lives in another process.
+//!
+//! [`RemoteKey`] knows only public facts about the key (its algorithm, the
+//! schemes it signs with, its public key); every signature is forwarded to
+//! a [`KeyBackend`] (in tlsgate, the client of the key process). A backend
+//! that cannot sign makes the handshake fail with [`KeyUnavailable`], which
+//! is counted under the handshake failure reason `key_unavailable`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use rustls::pki_types::SubjectPublicKeyInfoDer;
+use rustls::sign::{Signer, SigningKey};
+use rustls::{SignatureAlgorithm, SignatureScheme};
+
+/// Every scheme rustls can sign a handshake with.
+pub const SIGNING_SCHEMES: [SignatureScheme; 10] = [
+    SignatureScheme::ECDSA_NISTP256_SHA256,
+    SignatureScheme::ECDSA_NISTP384_SHA384,
+    SignatureScheme::ECDSA_NISTP521_SHA512,
+    SignatureScheme::ED25519,
+    SignatureScheme::RSA_PSS_SHA512,
+    SignatureScheme::RSA_PSS_SHA384,
+    SignatureScheme::RSA_PSS_SHA256,
+    SignatureScheme::RSA_PKCS1_SHA512,
+    SignatureScheme::RSA_PKCS1_SHA384,
+    SignatureScheme::RSA_PKCS1_SHA256,
+];
+
+/// The public description of a key: what the network side needs to choose
+/// it and to ask for signatures.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// Stable id: derived from the public key, so the same key has the same
+    /// id across reloads and restarts of the key process.
+    pub id: u64,
+    /// ECDSA, RSA, Ed25519.
+    pub algorithm: SignatureAlgorithm,
+    /// Schemes the key signs with, in its order of preference.
+    pub schemes: Vec<SignatureScheme>,
+    /// SubjectPublicKeyInfo DER.
+    pub spki: Vec<u8>,
+}
+
+impl fmt::Debug for KeyInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyInfo")
+            .field("id", &format_args!("{:016x}", self.id))
+            .field("algorithm", &self.algorithm)
+            .field("schemes", &self.schemes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyInfo {
+    /// Describes a key held in this process. `None` when it cannot say its
+    /// public key (every aws-lc-rs key can).
+    pub fn of(key: &dyn SigningKey) -> Option<KeyInfo> {
+        let spki = key.public_key()?.as_ref().to_vec();
+        // The key's preference order: ask it again without its last choice.
+        let mut offered = SIGNING_SCHEMES.to_vec();
+        let mut schemes = Vec::new();
+        while let Some(signer) = key.choose_scheme(&offered) {
+            let s = signer.scheme();
+            schemes.push(s);
+            offered.retain(|o| *o != s);
+        }
+        Some(KeyInfo {
+            id: fingerprint(&spki),
+            algorithm: key.algorithm(),
+            schemes,
+            spki,
+        })
+    }
+}
+
+/// The first 8 bytes of SHA-256 over `spki`.
+pub fn fingerprint(spki: &[u8]) -> u64 {
+    use rustls::crypto::aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256;
+    // The provider's SHA-256 (the suite's transcript hash), not another crate.
+    let digest = TLS13_AES_128_GCM_SHA256
+        .tls13()
+        .map(|s| s.common.hash_provider.hash(spki));
+    let mut id = [0u8; 8];
+    if let Some(d) = digest {
+        for (dst, src) in id.iter_mut().zip(d.as_ref()) {
+            *dst = *src;
+        }
+    }
+    u64::from_be_bytes(id)
+}
+
+/// Why a remote signature could not be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("private key unavailable: {}", self.describe())]
+pub enum KeyUnavailable {
+    /// No key process is connected (it died and is being restarted).
+    Down,
+    /// The key process did not answer in time.
+    Timeout,
+    /// The key process answered with an error (unknown key, bad request).
+    Refused,
+    /// Too many signatures are already waiting.
+    Busy,
+}
+
+impl KeyUnavailable {
+    /// A short stable label for metrics.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Down => "down",
+            Self::Timeout => "timeout",
+            Self::Refused => "refused",
+            Self::Busy => "busy",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Down => "the key process is not running",
+            Self::Timeout => "the key process did not answer in time",
+            Self::Refused => "the key process refused to sign",
+            Self::Busy => "too many signatures waiting",
+        }
+    }
+}
+
+/// Whatever forwards signatures to the key holder.
+pub trait KeyBackend: Send + Sync + fmt::Debug {
+    /// Signs `message` with key `key_id` using `scheme`; blocks the calling
+    /// thread until the answer or the backend's timeout.
+    fn sign(
+        &self,
+        key_id: u64,
+        scheme: SignatureScheme,
+        message: &[u8],
+    ) -> Result<Vec<u8>, KeyUnavailable>;
+}
+
+/// A signing key held by a [`KeyBackend`].
+#[derive(Debug)]
+pub struct RemoteKey {
+    info: KeyInfo,
+    backend: Arc<dyn KeyBackend>,
+}
+
+impl RemoteKey {
+    /// A key described by `info`, signing through `backend`.
+    pub fn new(info: KeyInfo, backend: Arc<dyn KeyBackend>) -> Self {
+        Self { info, backend }
+    }
+
+    /// Its description.
+    pub fn info(&self) -> &KeyInfo {
+        &self.info
+    }
+}
+
+impl SigningKey for RemoteKey {
+    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
+        let scheme = *self.info.schemes.iter().find(|s| offered.contains(s))?;
+        Some(Box::new(RemoteSigner {
+            key_id: self.info.id,
+            scheme,
+            backend: self.backend.clone(),
+        }))
+    }
+
+    fn public_key(&self) -> Option<SubjectPublicKeyInfoDer<'_>> {
+        Some(SubjectPublicKeyInfoDer::from(self.info.spki.as_slice()))
+    }
+
+    fn algorithm(&self) -> SignatureAlgorithm {
+        self.info.algorithm
+    }
+}
+
+#[derive(Debug)]
+struct RemoteSigner {
+    key_id: u64,
+    scheme: SignatureScheme,
+    backend: Arc<dyn KeyBackend>,
+}
+
+impl Signer for RemoteSigner {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        self.backend
+            .sign(self.key_id, self.scheme, message)
+            .map_err(|e| rustls::Error::Other(rustls::OtherError(Arc::new(e))))
+    }
+
+    fn scheme(&self) -> SignatureScheme {
+        self.scheme
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rustls::crypto::aws_lc_rs::sign::any_supported_type;
+    use rustls::pki_types::PrivateKeyDer;
+    use x509_parser::prelude::{FromDer, SubjectPublicKeyInfo};
+
+    fn local(alg: &'static rcgen::SignatureAlgorithm) -> Arc<dyn SigningKey> {
+        let k = rcgen::KeyPair::generate_for(alg).unwrap();
+        any_supported_type(&PrivateKeyDer::Pkcs8(k.serialize_der().into())).unwrap()
+    }
+
+    /// Signs in-process, as the key process would.
+    #[derive(Debug)]
+    struct Local(Arc<dyn SigningKey>, Option<KeyUnavailable>);
+
+    impl KeyBackend for Local {
+        fn sign(&self, _: u64, s: SignatureScheme, m: &[u8]) -> Result<Vec<u8>, KeyUnavailable> {
+            if let Some(e) = self.1 {
+                return Err(e);
+            }
+            Ok(self.0.choose_scheme(&[s]).unwrap().sign(m).unwrap())
+        }
+    }
+
+    #[test]
+    fn describes_keys_in_their_preference_order() {
+        let e = KeyInfo::of(&*local(&rcgen::PKCS_ECDSA_P256_SHA256)).unwrap();
+        assert_eq!(e.schemes, vec![SignatureScheme::ECDSA_NISTP256_SHA256]);
+        assert_eq!(e.algorithm, SignatureAlgorithm::ECDSA);
+        let r = KeyInfo::of(&*local(&rcgen::PKCS_RSA_SHA256)).unwrap();
+        assert_eq!(r.schemes.len(), 6, "{r:?}");
+        assert_eq!(r.schemes[0], SignatureScheme::RSA_PSS_SHA512);
+        assert_ne!(e.id, r.id);
+        assert_eq!(e.id, fingerprint(&e.spki));
+        assert!(!format!("{e:?}").contains("spki"));
+    }
+
+    #[test]
+    fn remote_signatures_verify_and_failures_are_typed() {
+        let key = local(&rcgen::PKCS_ECDSA_P256_SHA256);
+        let info = KeyInfo::of(&*key).unwrap();
+        let remote = RemoteKey::new(info.clone(), Arc::new(Local(key.clone(), None)));
+        assert!(remote
+            .choose_scheme(&[SignatureScheme::RSA_PSS_SHA256])
+            .is_none());
+        let signer = remote
+            .choose_scheme(&[
+                SignatureScheme::RSA_PSS_SHA256,
+                SignatureScheme::ECDSA_NISTP256_SHA256,
+            ])
+            .unwrap();
+        let sig = signer.sign(b"message").unwrap();
+        let spki = remote.public_key().unwrap();
+        let (_, parsed) = SubjectPublicKeyInfo::from_der(spki.as_ref()).unwrap();
+        let algs = rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
+        let (_, verifiers) = algs
+            .mapping
+            .iter()
+            .find(|(s, _)| *s == SignatureScheme::ECDSA_NISTP256_SHA256)
+            .unwrap();
+        let ok = verifiers.iter().any(|v| {
+            v.verify_signature(&parsed.subject_public_key.data, b"message", &sig)
+                .is_ok()
+        });
+        assert!(ok, "the signature verifies against the public key");
+
+        let down = RemoteKey::new(info, Arc::new(Local(key, Some(KeyUnavailable::Down))));
+        let e = down
+            .choose_scheme(&[SignatureScheme::ECDSA_NISTP256_SHA256])
+            .unwrap()
+            .sign(b"m")
+            .unwrap_err();
+        assert!(e.to_string().contains("not running"), "{e}");
+    }
+}

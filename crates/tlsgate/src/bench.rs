@@ -1,0 +1,140 @@
+//! `tlsgate bench`: arguments in, report out. The work is in tlsgate-bench.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tlsgate_bench::{plot, scenario, BenchOptions, Placement, Scenario, TargetKind};
+
+/// Arguments of `tlsgate bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// handshake, transfer, stream, bound, crosscheck or all.
+    scenario: String,
+    /// A smoke run of seconds (CI): checks that every figure is sane, not fast.
+    #[arg(long)]
+    quick: bool,
+    /// Targets, comma-separated: tlsgate,nginx,haproxy.
+    #[arg(long, value_delimiter = ',', default_value = "tlsgate,nginx,haproxy")]
+    targets: Vec<String>,
+    /// Where results.json, report.md and the plots go
+    /// (default: bench-results/<UTC date-time>).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Repeats of every cell; medians are reported.
+    #[arg(long)]
+    repeats: Option<usize>,
+    /// Measurement window of every cell, seconds.
+    #[arg(long, value_name = "SECS")]
+    measure: Option<f64>,
+    /// The core every server runs on.
+    #[arg(long)]
+    server_core: Option<usize>,
+    /// Generator cores, comma-separated (one thread each).
+    #[arg(long, value_delimiter = ',')]
+    client_cores: Vec<usize>,
+    /// Stream scenario connection counts, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    stream_connections: Vec<usize>,
+    /// Run tlsgate with keys in-process (to measure key isolation's cost).
+    #[arg(long)]
+    no_key_isolation: bool,
+}
+
+/// Runs the bench; exit 0 when every figure is sane, 1 otherwise, 2 on usage errors.
+pub fn run(args: BenchArgs) -> ExitCode {
+    let Some(scenarios) = Scenario::parse(&args.scenario) else {
+        eprintln!(
+            "tlsgate: error: unknown scenario {:?}: expected handshake, transfer, stream, bound, crosscheck or all",
+            args.scenario
+        );
+        return ExitCode::from(2);
+    };
+    let mut targets = Vec::new();
+    for t in &args.targets {
+        match TargetKind::parse(t) {
+            Some(k) => targets.push(k),
+            None => {
+                eprintln!("tlsgate: error: --targets: unknown target {t:?}: expected tlsgate, nginx or haproxy");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let bin = match std::env::current_exe() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("tlsgate: error: cannot find my own binary: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut opts = BenchOptions::new(args.quick, bin);
+    opts.targets = targets;
+    if let Some(r) = args.repeats {
+        opts.repeats = r.max(1);
+    }
+    if let Some(m) = args.measure {
+        if m.is_nan() || m <= 0.0 {
+            eprintln!("tlsgate: error: --measure must be positive");
+            return ExitCode::from(2);
+        }
+        opts.measure = Duration::from_secs_f64(m);
+    }
+    if args.server_core.is_some() || !args.client_cores.is_empty() {
+        let detected = Placement::detect();
+        opts.placement = Placement {
+            server_core: args.server_core.or(detected.server_core),
+            client_cores: if args.client_cores.is_empty() {
+                detected.client_cores
+            } else {
+                args.client_cores.iter().map(|c| Some(*c)).collect()
+            },
+        };
+    }
+    if !args.stream_connections.is_empty() {
+        opts.stream_connections = args.stream_connections.clone();
+    }
+    if args.no_key_isolation {
+        opts.tlsgate_server_extra = "key_isolation = false".into();
+    }
+    let out = args.out.unwrap_or_else(|| {
+        let stamp = time::OffsetDateTime::now_utc()
+            .format(time::macros::format_description!(
+                "[year][month][day]T[hour][minute][second]Z"
+            ))
+            .unwrap_or_else(|_| "latest".into());
+        PathBuf::from("bench-results").join(stamp)
+    });
+    let results = match scenario::run(&scenarios, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tlsgate: bench failed: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Err(e) = results.write(&out) {
+        eprintln!("tlsgate: error: {e}");
+        return ExitCode::from(1);
+    }
+    let plots = match plot::write_all(&results, &out) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tlsgate: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!("{}", results.markdown());
+    println!("results: {}", out.join("results.json").display());
+    println!("report:  {}", out.join("report.md").display());
+    for p in plots {
+        println!("plot:    {}", p.display());
+    }
+    let insane = results.insanities();
+    if insane.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        for i in insane {
+            eprintln!("tlsgate: bench: not sane: {i}");
+        }
+        ExitCode::from(1)
+    }
+}

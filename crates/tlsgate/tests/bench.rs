@@ -1,0 +1,198 @@
+//! `tlsgate bench --quick` and `tlsgate cost --quick` against real nginx,
+//! HAProxy and tlsgate: every scenario must produce sane, non-zero figures.
+//! Never a timing threshold (CI machines are shared and noisy).
+
+use std::path::Path;
+use std::process::Command;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_tlsgate")
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("results are JSON")
+}
+
+#[test]
+fn quick_bench_measures_every_scenario_on_every_target() {
+    for program in ["/usr/sbin/nginx", "/usr/sbin/haproxy"] {
+        assert!(
+            Path::new(program).exists(),
+            "{program} is missing: run ./dev setup (the bench compares against it)"
+        );
+    }
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(bin())
+        .args(["bench", "all", "--quick", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "bench failed\n{stdout}\n{stderr}");
+    let results = json(&out.path().join("results.json"));
+    let summaries = results["summaries"].as_array().unwrap();
+    for scenario in ["handshake", "transfer", "stream"] {
+        for target in ["tlsgate", "nginx", "haproxy"] {
+            let rows: Vec<_> = summaries
+                .iter()
+                .filter(|s| s["scenario"] == scenario && s["target"] == target)
+                .collect();
+            let expected = match scenario {
+                "handshake" => 8,
+                "transfer" => 7,
+                _ => 1,
+            };
+            assert_eq!(rows.len(), expected, "{scenario} on {target}");
+            for s in rows {
+                let case = s["case"].as_str().unwrap();
+                for key in ["ops_per_sec", "bytes_per_sec", "cpu_us_per_op", "pss_bytes"] {
+                    let v = s[key].as_f64().unwrap();
+                    assert!(
+                        v > 0.0 && v.is_finite(),
+                        "{scenario} {case} {target}: {key} = {v}"
+                    );
+                }
+                if case.contains("resumed") {
+                    assert!(
+                        s["resumed_share"].as_f64().unwrap() > 0.0,
+                        "{case} on {target}: nothing resumed"
+                    );
+                }
+            }
+        }
+    }
+    // Latency at half nginx's rate was measured on every target.
+    let latency: Vec<_> = summaries
+        .iter()
+        .filter(|s| s["scenario"] == "latency")
+        .collect();
+    assert_eq!(latency.len(), 3, "{latency:?}");
+    for s in latency {
+        assert!(s["p99_us"].as_f64().unwrap() > 0.0, "{s}");
+    }
+    // The independent tools ran against every target.
+    let cross = results["crosschecks"].as_array().unwrap();
+    assert_eq!(cross.len(), 6, "{cross:?}");
+    for c in cross {
+        assert!(c["operations"].as_u64().unwrap() > 0, "{c}");
+        assert!(c["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    // The floor was measured and every handshake kind has one.
+    let bounds = &results["bounds"]["ops_ns"];
+    for op in [
+        "x25519",
+        "ecdsa_p256_sign",
+        "rsa2048_pss_sign",
+        "tcp_accept_close",
+    ] {
+        assert!(bounds[op].as_f64().unwrap() > 0.0, "bound {op}");
+    }
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(report.contains("| TLS1.3 ECDSA full |"), "{report}");
+    for plot in [
+        "handshake-cpu.svg",
+        "transfer-throughput.svg",
+        "transfer-cpu-per-byte.svg",
+        "stream-cpu.svg",
+        "stream-memory.svg",
+    ] {
+        let svg = std::fs::read_to_string(out.path().join(plot)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("tlsgate"), "{plot}");
+    }
+}
+
+#[test]
+fn cost_model_calibrates_predicts_and_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.json");
+    let run = Command::new(bin())
+        .args(["cost", "calibrate", "--quick", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let m = json(&model);
+    for kind in [
+        "TLS1.3 ECDSA full",
+        "TLS1.3 ECDSA resumed",
+        "TLS1.2 RSA full",
+    ] {
+        assert!(m["handshake_us"][kind].as_f64().unwrap() > 0.0, "{kind}");
+    }
+    for cipher in ["AES-128-GCM", "AES-256-GCM", "CHACHA20-POLY1305"] {
+        assert!(m["byte_ns"][cipher].as_f64().unwrap() > 0.0, "{cipher}");
+    }
+
+    let predict = Command::new(bin())
+        .args([
+            "cost",
+            "predict",
+            "--rate",
+            "1000",
+            "--bytes",
+            "64k",
+            "--resumed",
+            "0.5",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&predict.stdout);
+    assert!(predict.status.success(), "{text}");
+    assert!(
+        text.contains("cpu(txn) = (1 − r)·h_full + r·h_resumed + T·b"),
+        "{text}"
+    );
+    assert!(text.contains("cores needed"), "{text}");
+
+    // An uncalibrated kind is refused with exit 2, naming it.
+    let bad = Command::new(bin())
+        .args([
+            "cost", "predict", "--rate", "1", "--bytes", "1", "--mtls", "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("mTLS"));
+
+    // Quick validation: the table is complete; the error is reported, not
+    // asserted (a quick calibration is too short to be accurate).
+    let validate = Command::new(bin())
+        .args([
+            "cost",
+            "validate",
+            "--quick",
+            "--max-error",
+            "1000000",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&validate.stdout);
+    assert!(
+        validate.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&validate.stderr)
+    );
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.starts_with("| 1k per txn")
+                || l.starts_with("| 8m per txn")
+                || l.starts_with("| 1m per txn"))
+            .count(),
+        5,
+        "{table}"
+    );
+    assert!(table.contains("worst error:"), "{table}");
+}

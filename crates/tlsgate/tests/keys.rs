@@ -1,0 +1,590 @@
+//! Private keys live in the key process: handshakes sign through it, the
+//! network-facing process's memory holds no key, the key process is
+//! restarted when killed, SIGHUP swaps keys, and the network-facing
+//! process runs unprivileged.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::PrivateKeyDer;
+
+/// Config extra: an RSA-2048 certificate for `rsa.test` next to the
+/// fixture's ECDSA one for localhost.
+fn with_rsa(fx: &Fixture) -> (CertFiles, String) {
+    let rsa = make_cert(fx.path(), "rsa", &["rsa.test"], &rcgen::PKCS_RSA_SHA256);
+    let extra = format!(
+        "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
+        rsa.cert, rsa.key
+    );
+    (rsa, extra)
+}
+
+/// GET /hello.txt over a fresh full handshake; returns the server's leaf DER.
+fn fetch(
+    addr: std::net::SocketAddr,
+    sni: &str,
+    v: &'static rustls::SupportedProtocolVersion,
+) -> Result<Vec<u8>, String> {
+    let mut config = client_config(&[v]);
+    // No resumption: every connection signs.
+    config.resumption = rustls::client::Resumption::disabled();
+    let mut s = tls_connect_with(addr, sni, config).map_err(|e| e.to_string())?;
+    let leaf = s.conn.peer_certificates().unwrap()[0].to_vec();
+    assert_eq!(s.conn.protocol_version(), Some(v.version));
+    write!(
+        s,
+        "GET /hello.txt HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let answer = read_to_close(&mut s);
+    assert!(answer.ends_with(HELLO), "{answer}");
+    Ok(leaf)
+}
+
+/// Parent pid of `pid` from /proc/PID/stat.
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Children of `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| ppid(*p) == Some(pid))
+        .collect()
+}
+
+/// (supervisor, key server) of a running tlsgate, waiting for them.
+fn key_processes(server: &Server) -> (u32, u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let sup = children(server.pid());
+        if let [sup] = sup[..] {
+            if let [ks] = children(sup)[..] {
+                return (sup, ks);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no key supervisor and key server under {}: {sup:?}",
+            server.pid()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn status_field(pid: u32, task: Option<u32>, name: &str) -> String {
+    let path = match task {
+        Some(t) => format!("/proc/{pid}/task/{t}/status"),
+        None => format!("/proc/{pid}/status"),
+    };
+    let s = std::fs::read_to_string(&path).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} in {path}"))
+        .trim()
+        .to_string()
+}
+
+// ---- searching a process's memory for a key ----
+
+/// One DER TLV: (tag, content, rest).
+fn tlv(b: &[u8]) -> (u8, &[u8], &[u8]) {
+    let tag = b[0];
+    let (len, hdr) = match b[1] {
+        n if n < 0x80 => (n as usize, 2),
+        0x81 => (b[2] as usize, 3),
+        0x82 => ((b[2] as usize) << 8 | b[3] as usize, 4),
+        n => panic!("DER length form {n:#x}"),
+    };
+    (tag, &b[hdr..hdr + len], &b[hdr + len..])
+}
+
+fn strip_zero(i: &[u8]) -> &[u8] {
+    i.strip_prefix(&[0]).unwrap_or(i)
+}
+
+/// What a leaked key would look like in memory: the PKCS#8 DER, the first
+/// line of the PEM base64 body, and the private scalar (ECDSA) or the prime
+/// p (RSA) in big-endian and in little-endian (BIGNUM limb) order.
+fn needles(key_pem: &Path) -> Vec<(String, Vec<u8>)> {
+    let pem = std::fs::read_to_string(key_pem).unwrap();
+    let b64_line = pem.lines().nth(1).unwrap().as_bytes().to_vec();
+    assert_eq!(b64_line.len(), 64);
+    let der = PrivateKeyDer::from_pem_slice(pem.as_bytes()).unwrap();
+    let PrivateKeyDer::Pkcs8(p8) = &der else {
+        panic!("PKCS#8 expected")
+    };
+    let p8 = p8.secret_pkcs8_der().to_vec();
+    // PrivateKeyInfo ::= SEQUENCE { version, algorithm, privateKey OCTET STRING }
+    let (_, info, _) = tlv(&p8);
+    let (_, _, rest) = tlv(info);
+    let (_, alg, rest) = tlv(rest);
+    let (_, inner, _) = tlv(rest);
+    let (_, inner, _) = tlv(inner);
+    let (_, _, after_version) = tlv(inner);
+    let is_rsa = alg
+        .windows(9)
+        .any(|w| w == [0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01]);
+    let (name, secret) = if is_rsa {
+        // RSAPrivateKey ::= SEQUENCE { version, n, e, d, p, ... }
+        let mut r = after_version;
+        for _ in 0..3 {
+            r = tlv(r).2;
+        }
+        ("rsa p", strip_zero(tlv(r).1).to_vec())
+    } else {
+        // ECPrivateKey ::= SEQUENCE { version, privateKey OCTET STRING, ... }
+        ("ec scalar", tlv(after_version).1.to_vec())
+    };
+    assert!(secret.len() >= 32, "{name}: {} bytes", secret.len());
+    let mut le = secret.clone();
+    le.reverse();
+    vec![
+        ("pkcs8 der".into(), p8),
+        ("pem base64".into(), b64_line),
+        (format!("{name} big-endian"), secret),
+        (format!("{name} little-endian"), le),
+    ]
+}
+
+/// Names of the needles found anywhere in the readable memory of `pid`
+/// (all its threads share it).
+fn search_memory(pid: u32, needles: &[(String, Vec<u8>)]) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let finders: Vec<_> = needles
+        .iter()
+        .map(|(n, b)| (n.clone(), memchr::memmem::Finder::new(b).into_owned()))
+        .collect();
+    let mut found = Vec::new();
+    let mut scanned = 0usize;
+    let mut buf = Vec::new();
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let range = f.next().unwrap();
+        let perms = f.next().unwrap();
+        let path = f.nth(3).unwrap_or("");
+        if !perms.starts_with('r')
+            || path == "[vvar]"
+            || path == "[vsyscall]"
+            || path == "[vvar_vclock]"
+        {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        buf.resize((b - a) as usize, 0);
+        if mem.seek(SeekFrom::Start(a)).is_err() {
+            continue;
+        }
+        // A region can shrink while we read it; search what we got.
+        let mut got = 0;
+        while got < buf.len() {
+            match mem.read(&mut buf[got..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        scanned += got;
+        for (name, finder) in &finders {
+            if !found.contains(name) && finder.find(&buf[..got]).is_some() {
+                found.push(name.clone());
+            }
+        }
+    }
+    assert!(
+        scanned > 1 << 20,
+        "read only {scanned} bytes of {pid}'s memory"
+    );
+    found
+}
+
+// ---- tests ----
+
+#[test]
+fn tls12_and_tls13_handshakes_with_ecdsa_and_rsa_sign_in_the_key_process() {
+    let fx = Fixture::new();
+    let (rsa, extra) = with_rsa(&fx);
+    let server = Server::start(&fx, &fx.config("", &extra));
+    let (_, ks) = key_processes(&server);
+    assert_eq!(
+        status_field(ks, None, "Uid").split_whitespace().next(),
+        Some("0")
+    );
+    for v in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        assert_eq!(
+            fetch(server.addr, "localhost", v).unwrap(),
+            fx.cert.der,
+            "{v:?} ECDSA"
+        );
+        assert_eq!(
+            fetch(server.addr, "rsa.test", v).unwrap(),
+            rsa.der,
+            "{v:?} RSA"
+        );
+    }
+    // Other peers: curl over TLS 1.2 with RSA, openssl over TLS 1.3 with ECDSA.
+    let resolve = format!("rsa.test:{}:127.0.0.1", server.addr.port());
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "--max-time",
+            "20",
+            "--tlsv1.2",
+            "--tls-max",
+            "1.2",
+            "--resolve",
+            &resolve,
+        ])
+        .arg(format!("https://rsa.test:{}/hello.txt", server.addr.port()))
+        .output()
+        .expect("curl must be installed (./dev setup)");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        HELLO,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut s = Command::new("openssl")
+        .args([
+            "s_client",
+            "-tls1_3",
+            "-ign_eof",
+            "-servername",
+            "localhost",
+            "-connect",
+        ])
+        .arg(server.addr.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("openssl must be installed (./dev setup)");
+    s.stdin
+        .take()
+        .unwrap()
+        .write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let out = s.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("TLSv1.3") && text.to_lowercase().contains("ecdsa"),
+        "{text}"
+    );
+    assert!(text.contains(HELLO.trim()), "{text}");
+    let m = server.metrics_when(|t| t.contains("tlsgate_handshakes_total"));
+    assert!(m.contains("tlsgate_key_up 1"), "{m}");
+    assert!(!m.contains("key_unavailable"), "{m}");
+}
+
+#[test]
+fn no_private_key_in_the_network_process_memory_and_the_search_finds_one_in_process() {
+    let fx = Fixture::new();
+    let (rsa, extra) = with_rsa(&fx);
+    let mut wanted = needles(&fx.cert.key);
+    wanted.extend(needles(&rsa.key));
+    let exercise = |server: &Server| {
+        for v in [&rustls::version::TLS12, &rustls::version::TLS13] {
+            fetch(server.addr, "localhost", v).unwrap();
+            fetch(server.addr, "rsa.test", v).unwrap();
+        }
+        // A reload reads everything again.
+        let before = server.metric("tlsgate_reloads_total{result=\"ok\"}");
+        server.signal("HUP");
+        server.metrics_when(|_| server.metric("tlsgate_reloads_total{result=\"ok\"}") > before);
+        fetch(server.addr, "rsa.test", &rustls::version::TLS13).unwrap();
+    };
+
+    let isolated = Server::start(&fx, &fx.config("", &extra));
+    exercise(&isolated);
+    let (sup, ks) = key_processes(&isolated);
+    let in_network = search_memory(isolated.pid(), &wanted);
+    assert!(
+        in_network.is_empty(),
+        "key material in the network-facing process: {in_network:?}"
+    );
+    let in_supervisor = search_memory(sup, &wanted);
+    assert!(
+        in_supervisor.is_empty(),
+        "key material in the key supervisor: {in_supervisor:?}"
+    );
+    // The key server does hold them: the search works on a live process.
+    let in_keys = search_memory(ks, &wanted);
+    assert!(
+        in_keys.iter().any(|n| n.starts_with("ec scalar")),
+        "{in_keys:?}"
+    );
+    assert!(
+        in_keys.iter().any(|n| n.starts_with("rsa p")),
+        "{in_keys:?}"
+    );
+    drop(isolated);
+
+    // Control: the same search finds the keys when they are in-process.
+    let inproc = Server::start(&fx, &fx.config("[server]\nkey_isolation = false\n", &extra));
+    exercise(&inproc);
+    assert!(
+        children(inproc.pid()).is_empty(),
+        "no key process without isolation"
+    );
+    let found = search_memory(inproc.pid(), &wanted);
+    eprintln!("key server holds: {in_keys:?}\nin-process server holds: {found:?}");
+    assert!(
+        found.iter().any(|n| n.starts_with("ec scalar")),
+        "{found:?}"
+    );
+    assert!(found.iter().any(|n| n.starts_with("rsa p")), "{found:?}");
+}
+
+#[test]
+fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx, &fx.config("", ""));
+    let tls13 = &rustls::version::TLS13;
+    fetch(server.addr, "localhost", tls13).unwrap();
+    let (sup, ks) = key_processes(&server);
+    // Hold the supervisor so the gap without a key server is certain.
+    let sig = |s: &str, pid: u32| {
+        assert!(Command::new("kill")
+            .args([s, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    sig("-STOP", sup);
+    sig("-KILL", ks);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric("tlsgate_key_up") != 0.0 {
+        assert!(Instant::now() < deadline, "key_up stayed 1");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for v in [&rustls::version::TLS12, tls13] {
+        assert!(
+            fetch(server.addr, "localhost", v).is_err(),
+            "{v:?}: no key server, no handshake"
+        );
+    }
+    let m = server.metrics_when(|t| t.contains("reason=\"key_unavailable\"} 2"));
+    assert!(
+        m.contains("tlsgate_handshake_failures_total{reason=\"key_unavailable\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("tlsgate_key_failures_total{reason=\"down\"} 2"),
+        "{m}"
+    );
+
+    sig("-CONT", sup);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fetch(server.addr, "localhost", tls13).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "handshakes did not resume:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, ks2) = key_processes(&server);
+    assert_ne!(ks, ks2);
+    assert_eq!(server.metric("tlsgate_key_restarts_total"), 1.0);
+    assert_eq!(server.metric("tlsgate_key_up"), 1.0);
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+}
+
+#[test]
+fn the_self_signed_default_is_made_by_the_key_server_and_remade_after_a_restart() {
+    let fx = Fixture::new();
+    let text = fx.config("", "").replace(
+        &format!(
+            "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
+            fx.cert.cert, fx.cert.key
+        ),
+        "self_signed = true\n",
+    );
+    let server = Server::start(&fx, &text);
+    let first = fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    let (_, ks) = key_processes(&server);
+    assert!(Command::new("kill")
+        .args(["-KILL", &ks.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    // The new key server makes a new key: the server reloads to serve it.
+    server.wait_log("reloaded configuration", Duration::from_secs(10));
+    let second = fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    assert_ne!(first, second, "a new self-signed certificate");
+}
+
+#[test]
+fn sighup_swaps_to_a_new_certificate_and_key() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx, &fx.config("", ""));
+    assert_eq!(
+        fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap(),
+        fx.cert.der
+    );
+    // New pair under the same file names, as a renewal does.
+    let renewed = make_cert(
+        fx.path(),
+        "localhost",
+        &["localhost"],
+        &rcgen::PKCS_RSA_SHA256,
+    );
+    assert_ne!(renewed.der, fx.cert.der);
+    server.signal("HUP");
+    server.wait_log("reloaded configuration", Duration::from_secs(10));
+    for v in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        assert_eq!(fetch(server.addr, "localhost", v).unwrap(), renewed.der);
+    }
+    // A key that does not match its certificate is refused; the pair in use stays.
+    let other = make_cert(
+        fx.path(),
+        "other",
+        &["localhost"],
+        &rcgen::PKCS_ECDSA_P256_SHA256,
+    );
+    std::fs::copy(&other.key, &renewed.key).unwrap();
+    server.signal("HUP");
+    server.wait_log("does not match", Duration::from_secs(10));
+    assert_eq!(
+        server.metric("tlsgate_reloads_total{result=\"error\"}"),
+        1.0
+    );
+    assert_eq!(
+        fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap(),
+        renewed.der
+    );
+}
+
+#[test]
+fn the_network_process_runs_as_nobody_without_capabilities_and_serves() {
+    assert_eq!(
+        status_field(std::process::id(), None, "Uid")
+            .split_whitespace()
+            .next(),
+        Some("0"),
+        "this test starts tlsgate as root to see it switch to nobody; run the tests as root"
+    );
+    let fx = Fixture::new();
+    // Only root may read the keys.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fx.cert.key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let server = Server::start(
+        &fx,
+        &fx.config("[server]\nuser = \"nobody\"\nworkers = 2\n", ""),
+    );
+    fetch(server.addr, "localhost", &rustls::version::TLS12).unwrap();
+    let out = server.curl(&[&server.url("/hello.txt")]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), HELLO);
+    let pid = server.pid();
+    let nobody = status_field(pid, None, "Uid");
+    assert!(
+        nobody.split_whitespace().all(|u| u == "65534"),
+        "Uid: {nobody}"
+    );
+    let tasks: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_str().unwrap().parse().unwrap())
+        .collect();
+    assert!(tasks.len() >= 3, "main and two workers at least: {tasks:?}");
+    for t in tasks {
+        for f in ["CapEff", "CapPrm", "CapInh", "CapAmb"] {
+            let v = status_field(pid, Some(t), f);
+            assert!(v.bytes().all(|b| b == b'0'), "thread {t} {f} = {v}");
+        }
+        assert_eq!(status_field(pid, Some(t), "NoNewPrivs"), "1", "thread {t}");
+        assert_eq!(status_field(pid, Some(t), "Groups"), "", "thread {t}");
+        assert!(status_field(pid, Some(t), "Uid")
+            .split_whitespace()
+            .all(|u| u == "65534"));
+    }
+    // The key process keeps its privileges (it must read the 0600 key).
+    let (sup, ks) = key_processes(&server);
+    for p in [sup, ks] {
+        assert_eq!(
+            status_field(p, None, "Uid").split_whitespace().next(),
+            Some("0")
+        );
+    }
+}
+
+/// CPU time (ns) the threads of `pid` have run, from schedstat.
+fn cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let s = std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok()?;
+            s.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// A measurement, not a check of behaviour: server CPU per full handshake
+/// with and without the key process. Run it on a quiet machine with
+/// `cargo test --release -p tlsgate --test keys -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement; run by hand"]
+fn measure_cpu_per_full_handshake() {
+    let n: usize = std::env::var("HANDSHAKES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let fx = Fixture::new();
+    let (_, extra) = with_rsa(&fx);
+    for (sni, label) in [("localhost", "ECDSA P-256"), ("rsa.test", "RSA-2048")] {
+        for v in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let mut per = Vec::new();
+            for isolation in [false, true] {
+                let top = format!("[server]\nworkers = 1\nkey_isolation = {isolation}\n[access_log]\ntarget = \"off\"\n");
+                let server = Server::start(&fx, &fx.config(&top, &extra));
+                let pids: Vec<u32> = if isolation {
+                    let (s, k) = key_processes(&server);
+                    vec![server.pid(), s, k]
+                } else {
+                    vec![server.pid()]
+                };
+                let mut config = client_config(&[v]);
+                config.resumption = rustls::client::Resumption::disabled();
+                let config = std::sync::Arc::new(config);
+                for _ in 0..50 {
+                    tls_connect_shared(server.addr, sni, config.clone()).unwrap();
+                }
+                let before: u64 = pids.iter().map(|p| cpu_ns(*p)).sum();
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    let mut s = tls_connect_shared(server.addr, sni, config.clone()).unwrap();
+                    s.conn.send_close_notify();
+                    let _ = s.conn.complete_io(&mut s.sock);
+                }
+                let wall = t0.elapsed();
+                std::thread::sleep(Duration::from_millis(200));
+                let after: u64 = pids.iter().map(|p| cpu_ns(*p)).sum();
+                let us = (after - before) as f64 / n as f64 / 1000.0;
+                eprintln!(
+                    "{label} {v:?} isolation={isolation}: {us:.1} µs server CPU per handshake, {:.0} handshakes/s from one client",
+                    n as f64 / wall.as_secs_f64()
+                );
+                per.push(us);
+            }
+            eprintln!(
+                "{label} {v:?}: isolation costs {:+.1} %",
+                (per[1] / per[0] - 1.0) * 100.0
+            );
+        }
+    }
+}
