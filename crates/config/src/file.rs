@@ -172,6 +172,18 @@ pub struct TlsSection {
     pub unknown_sni: String,
     /// Entries in the TLS 1.2 session-ID cache; 0 disables it.
     pub session_cache_size: usize,
+    /// Stateless session tickets (TLS 1.2 RFC 5077, TLS 1.3 PSK with ECDHE).
+    pub session_tickets: bool,
+    /// TLS 1.3 tickets sent after each handshake.
+    pub tls13_tickets: usize,
+    /// How long a ticket resumes; sealed inside the ticket.
+    #[serde(with = "humantime_serde")]
+    pub ticket_lifetime: Duration,
+    /// How often keys made in memory are replaced (no `ticket_key_file`).
+    #[serde(with = "humantime_serde")]
+    pub ticket_rotation: Duration,
+    /// Ticket keys shared by a fleet; none = keys made in memory.
+    pub ticket_key_file: Option<PathBuf>,
 }
 
 impl Default for TlsSection {
@@ -182,6 +194,11 @@ impl Default for TlsSection {
             key_exchange_groups: Vec::new(),
             unknown_sni: "default".into(),
             session_cache_size: 20_000,
+            session_tickets: true,
+            tls13_tickets: 2,
+            ticket_lifetime: Duration::from_secs(12 * 3600),
+            ticket_rotation: Duration::from_secs(3600),
+            ticket_key_file: None,
         }
     }
 }

@@ -254,6 +254,23 @@ pub struct TlsPolicy {
     pub unknown_sni: UnknownSni,
     /// TLS 1.2 session-ID cache entries.
     pub session_cache_size: usize,
+    /// Session tickets.
+    pub tickets: SessionTickets,
+}
+
+/// Session ticket policy (see [`file::TlsSection`] for meanings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionTickets {
+    /// Tickets are issued and accepted.
+    pub enabled: bool,
+    /// TLS 1.3 tickets sent per handshake.
+    pub tls13_count: usize,
+    /// Ticket lifetime (whole seconds, 1 s to 7 days).
+    pub lifetime: Duration,
+    /// Rotation period of keys made in memory.
+    pub rotation: Duration,
+    /// Shared key file; `None` = keys made in memory.
+    pub key_file: Option<PathBuf>,
 }
 
 /// Where access log lines go.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::file::{CertificateSection, ConfigFile, ListenerSection};
 use crate::{
     AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KeyPolicy,
-    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, TlsPolicy, TlsVersion, UnknownSni,
+    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, SessionTickets, TlsPolicy,
+    TlsVersion, UnknownSni,
 };
 
 const FLAGS: &str = "command line";
@@ -72,6 +73,9 @@ pub fn load(
             c.cert = base_dir.join(&c.cert);
             c.key = base_dir.join(&c.key);
         }
+    }
+    if let Some(k) = &mut file.tls.ticket_key_file {
+        *k = base_dir.join(&*k);
     }
     if !file.access_log.target.is_empty()
         && !matches!(file.access_log.target.as_str(), "stdout" | "off")
@@ -380,6 +384,33 @@ fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigErro
             0,
             10_000_000,
         )?,
+        tickets: validate_tickets(c, t)?,
+    })
+}
+
+/// RFC 8446 §4.6.1: a ticket lifetime is at most 7 days.
+const MAX_TICKET_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn validate_tickets(
+    c: &Checker<'_>,
+    t: &crate::file::TlsSection,
+) -> Result<SessionTickets, ConfigError> {
+    let whole = |key: &str, d: Duration| {
+        if d < Duration::from_secs(1) || d > MAX_TICKET_LIFETIME || d.subsec_nanos() != 0 {
+            Err(c.err(
+                key,
+                format!("expected whole seconds from \"1s\" to \"7days\", found {d:?}"),
+            ))
+        } else {
+            Ok(d)
+        }
+    };
+    Ok(SessionTickets {
+        enabled: t.session_tickets,
+        tls13_count: c.within("tls.tls13_tickets", t.tls13_tickets, 0, 16)?,
+        lifetime: whole("tls.ticket_lifetime", t.ticket_lifetime)?,
+        rotation: whole("tls.ticket_rotation", t.ticket_rotation)?,
+        key_file: t.ticket_key_file.clone(),
     })
 }
 
@@ -578,6 +609,23 @@ names = ["example.com", "*.example.com"]
     }
 
     #[test]
+    fn ticket_settings_default_and_key_file_is_relative_to_the_file() {
+        let c = load_text(GOOD).unwrap();
+        assert!(c.tls.tickets.enabled);
+        assert_eq!(c.tls.tickets.tls13_count, 2);
+        assert_eq!(c.tls.tickets.lifetime, Duration::from_secs(12 * 3600));
+        assert_eq!(c.tls.tickets.rotation, Duration::from_secs(3600));
+        assert_eq!(c.tls.tickets.key_file, None);
+        let text = format!(
+            "[tls]\nticket_key_file = \"keys/ticket.keys\"\nticket_lifetime = \"2h\"\n{GOOD}"
+        );
+        let c = load_text(&text).unwrap();
+        let k = c.tls.tickets.key_file.unwrap();
+        assert!(k.is_absolute() && k.ends_with("keys/ticket.keys"), "{k:?}");
+        assert_eq!(c.tls.tickets.lifetime, Duration::from_secs(7200));
+    }
+
+    #[test]
     fn builtin_defaults_are_valid() {
         let dir = tempfile::tempdir().unwrap();
         let c = load(None, &Overrides::default(), dir.path()).unwrap();
@@ -600,6 +648,9 @@ names = ["example.com", "*.example.com"]
             ("[server]\ngroup = \"nogroup\"\n", "server.group", "server.user"),
             ("[server]\nkey_timeout = \"0s\"\n", "server.key_timeout", "greater than zero"),
             ("[access_log]\nformat = \"xml\"\n", "access_log.format", "json"),
+            ("[tls]\nticket_lifetime = \"8days\"\n", "tls.ticket_lifetime", "7days"),
+            ("[tls]\nticket_rotation = \"1500ms\"\n", "tls.ticket_rotation", "whole seconds"),
+            ("[tls]\ntls13_tickets = 17\n", "tls.tls13_tickets", "0 to 16"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"missing\"\nself_signed = true\n", "listener[0].root", "existing directory"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n", "listener[0].certificate", "at least one"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"nope.pem\"\nkey = \"k.pem\"\n", "listener[0].certificate[0].cert", "PEM file"),

@@ -10,6 +10,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// The metric types, for code that keeps clones of single metrics.
+pub mod types {
+    pub use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
+}
+
 /// Labels of a completed handshake.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HandshakeLabels {
@@ -72,6 +77,16 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     /// Configuration reloads.
     pub reloads: Family<ResultLabel, Counter>,
+    /// Session tickets sealed (TLS 1.2 and 1.3).
+    pub tickets_issued: Counter,
+    /// Tickets presented by clients: "ok", "expired", "unknown_key", "failed".
+    pub ticket_decrypts: Family<ResultLabel, Counter>,
+    /// Re-reads of the ticket key file after it changed: "ok" or "error".
+    pub ticket_key_reloads: Family<ResultLabel, Counter>,
+    /// Rotations of in-memory ticket keys.
+    pub ticket_key_rotations: Counter,
+    /// Ticket keys in use.
+    pub ticket_keys: Gauge,
     /// TLS handshakes in progress (set when the metrics are read).
     pub handshakes_in_progress: Gauge,
     /// Sources the handshake limits remember (set when the metrics are read).
@@ -108,6 +123,11 @@ impl Metrics {
             timeouts: Family::default(),
             access_log_dropped: Counter::default(),
             reloads: Family::default(),
+            tickets_issued: Counter::default(),
+            ticket_decrypts: Family::default(),
+            ticket_key_reloads: Family::default(),
+            ticket_key_rotations: Counter::default(),
+            ticket_keys: Gauge::default(),
             handshakes_in_progress: Gauge::default(),
             handshake_sources_tracked: Gauge::default(),
             key_failures: Family::default(),
@@ -171,6 +191,27 @@ impl Metrics {
             m.access_log_dropped.clone(),
         );
         r.register("reloads", "Configuration reloads", m.reloads.clone());
+        r.register(
+            "tickets_issued",
+            "Session tickets issued",
+            m.tickets_issued.clone(),
+        );
+        r.register(
+            "ticket_decrypts",
+            "Session tickets presented by clients, by result",
+            m.ticket_decrypts.clone(),
+        );
+        r.register(
+            "ticket_key_reloads",
+            "Re-reads of the ticket key file after it changed",
+            m.ticket_key_reloads.clone(),
+        );
+        r.register(
+            "ticket_key_rotations",
+            "Rotations of in-memory ticket keys",
+            m.ticket_key_rotations.clone(),
+        );
+        r.register("ticket_keys", "Ticket keys in use", m.ticket_keys.clone());
         r.register(
             "handshakes_in_progress",
             "TLS handshakes in progress",

@@ -6,6 +6,7 @@ use tlsgate_config::{Config, ConfigError};
 use tlsgate_files::{DocumentRoot, RootOptions};
 use tlsgate_tls::{LoadedCert, TlsContext};
 
+use crate::tickets::TicketCache;
 use crate::StartError;
 
 /// What one listener serves.
@@ -29,18 +30,34 @@ pub struct Generation {
 /// Builds a generation from `config` and the certificates of each of its
 /// listeners (loaded and checked against their keys by the key holder),
 /// checking what a config file cannot show by itself: roots open.
-pub fn build(config: Config, certs: Vec<Vec<LoadedCert>>) -> Result<Generation, StartError> {
+pub fn build(
+    config: Config,
+    certs: Vec<Vec<LoadedCert>>,
+    tickets: &TicketCache,
+) -> Result<Generation, StartError> {
     let origin = config.origin.clone();
+    let ticket_keys = tickets.get(&config.tls.tickets).map_err(|e| {
+        let key = match config.tls.tickets.key_file {
+            Some(_) => "tls.ticket_key_file",
+            None => "tls.session_tickets",
+        };
+        ConfigError::new(&origin, key, e.to_string())
+    })?;
     let key_ids = crate::keys::key_ids(&certs);
     let mut sites = Vec::with_capacity(config.listeners.len());
     for (l, certs) in config.listeners.iter().zip(certs) {
-        let tls = TlsContext::new(&config.tls, &certs).map_err(|e| {
+        let mut tls = TlsContext::new(&config.tls, &certs).map_err(|e| {
             ConfigError::new(
                 &origin,
                 "tls",
                 format!("cannot build the TLS configuration: {e}"),
             )
         })?;
+        if let Some(keys) = &ticket_keys {
+            // Bound to the listener: its tickets resume only on the listener
+            // at the same place in the configuration (here or on a fleet peer).
+            tls.set_ticketer(keys.for_listener(&l.key_path));
+        }
         let root = DocumentRoot::open(
             &l.root,
             RootOptions {

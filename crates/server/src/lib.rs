@@ -15,6 +15,7 @@ mod http;
 mod keys;
 mod limiter;
 mod privileges;
+mod tickets;
 mod transport;
 mod worker;
 
@@ -29,6 +30,7 @@ use tokio::sync::watch;
 
 pub use access_log::AccessLog;
 pub use generation::Generation;
+pub use tickets::TicketCache;
 pub use tlsgate_tls::SelfSignedCache;
 pub use transport::Transport;
 
@@ -111,7 +113,7 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
     privileges::resolve(&config)?;
     let keys = Keys::start(&config, launch)?;
     let certs = keys.certificates(&config, &[])?;
-    let gen = generation::build(config, certs)?;
+    let gen = generation::build(config, certs, &TicketCache::checking())?;
     Ok(gen.config)
 }
 
@@ -123,7 +125,9 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     // it keeps them (and can be restarted) after we drop ours.
     let keys = Keys::start(&config, &launch)?;
     let certs = keys.certificates(&config, &[])?;
-    let gen = generation::build(config, certs)?;
+    let metrics = Metrics::new();
+    let tickets = TicketCache::serving(&metrics);
+    let gen = generation::build(config, certs, &tickets)?;
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -185,7 +189,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         current: ArcSwap::from_pointee(gen),
-        metrics: Metrics::new(),
+        metrics,
         limiter: Arc::new(ConnLimiter::default()),
         handshakes: Arc::new(HandshakeLimiter::default()),
         access_log,
@@ -193,6 +197,9 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     });
     let (rekey, mut rekeyed) = tokio::sync::mpsc::unbounded_channel();
     keys.start_threads(&shared, rekey)?;
+    tickets
+        .start_threads()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
     let mut threads = Vec::with_capacity(workers);
     for (id, sockets) in per_worker.into_iter().enumerate() {
         threads.push(worker::spawn(id, shared.clone(), sockets)?);
@@ -214,8 +221,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(&launch, &shared, &keys),
-                Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys),
+                _ = hup.recv() => reload(&launch, &shared, &keys, &tickets),
+                Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
             }
         }
         Ok::<(), std::io::Error>(())
@@ -236,13 +243,13 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
 
 /// Rebuilds the generation from the same sources; on any error the running
 /// one stays and the error is logged.
-fn reload(launch: &Launch, shared: &Shared, keys: &Keys) {
+fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) {
     let result = launch
         .load()
         .map_err(StartError::from)
         .and_then(|c| {
             let certs = keys.certificates(&c, &shared.current.load().key_ids)?;
-            generation::build(c, certs)
+            generation::build(c, certs, tickets)
         })
         .and_then(|new| {
             let old = shared.current.load();

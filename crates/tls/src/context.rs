@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rustls::crypto::aws_lc_rs::{cipher_suite as cs, default_provider, kx_group};
 use rustls::crypto::CryptoProvider;
-use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
+use rustls::server::{NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache};
 use rustls::{ServerConfig, SupportedCipherSuite};
 use tlsgate_config::{CipherSuite, KxGroup, TlsPolicy, TlsVersion};
 
@@ -76,11 +76,23 @@ impl TlsContext {
         } else {
             ServerSessionMemoryCache::new(policy.session_cache_size)
         };
+        // Tickets (set by `set_ticketer`) or, without them, the session
+        // cache above. rustls only resumes TLS 1.3 with a fresh (EC)DHE
+        // exchange (psk_dhe_ke), and never takes 0-RTT data with stateless
+        // tickets; max_early_data_size = 0 refuses it in every case.
+        config.send_tls13_tickets = policy.tickets.tls13_count;
         config.max_early_data_size = 0;
         Ok(Self {
             config: Arc::new(config),
             store,
         })
+    }
+
+    /// Issues and accepts session tickets with `ticketer` (TLS 1.2 RFC 5077
+    /// tickets, TLS 1.3 stateless tickets), e.g. [`TicketKeys::for_listener`](crate::TicketKeys::for_listener).
+    pub fn set_ticketer(&mut self, ticketer: Arc<dyn ProducesTickets>) {
+        // Not yet shared: make_mut does not copy.
+        Arc::make_mut(&mut self.config).ticketer = ticketer;
     }
 
     /// The rustls configuration.

@@ -13,6 +13,7 @@ mod context;
 pub mod error;
 pub mod remote;
 pub mod resolver;
+pub mod tickets;
 
 pub use certs::{load, load_all, self_signed, LoadedCert, SelfSigned, SelfSignedCache};
 pub use conn::{accept, TlsConnection};
@@ -20,3 +21,4 @@ pub use context::TlsContext;
 pub use error::{CertError, HandshakeError};
 pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
 pub use rustls;
+pub use tickets::{TicketKeyError, TicketKeys, TicketObserver};

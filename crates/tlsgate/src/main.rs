@@ -59,6 +59,35 @@ enum Command {
         #[command(flatten)]
         serve: ServeArgs,
     },
+    /// Manage a session ticket key file shared by several tlsgate instances
+    /// (`[tls] ticket_key_file`). Files are replaced atomically, mode 0600.
+    #[command(subcommand)]
+    TicketKeys(TicketKeysCommand),
+}
+
+#[derive(Subcommand)]
+enum TicketKeysCommand {
+    /// Write a new key file (refuses to replace one without --force).
+    Generate {
+        /// The key file.
+        file: PathBuf,
+        /// Number of keys; the first encrypts, all decrypt.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        keys: usize,
+        /// Replace an existing file (every ticket issued so far stops resuming).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Put a new key in front (it encrypts from now on) and keep at most N keys,
+    /// dropping the oldest. Running servers pick the change up within a second.
+    Rotate {
+        /// The key file.
+        file: PathBuf,
+        /// Keys kept, the new one included; keep enough to cover the ticket
+        /// lifetime: lifetime / rotation interval + 1.
+        #[arg(long, value_name = "N", default_value_t = 3)]
+        keep: usize,
+    },
 }
 
 #[derive(clap::Args)]
@@ -159,6 +188,7 @@ fn main() -> ExitCode {
                 c.workers
             );
         }),
+        Command::TicketKeys(cmd) => return ticket_keys(cmd),
         Command::KeySupervisor { parent, args } => {
             return internal(tlsgate_keyserver::server::supervise(
                 stdin_socket(),
@@ -175,6 +205,36 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tlsgate: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn ticket_keys(cmd: TicketKeysCommand) -> ExitCode {
+    use tlsgate_tls::tickets::file;
+    let result = match cmd {
+        TicketKeysCommand::Generate {
+            file: path,
+            keys,
+            force,
+        } => file::generate(&path, keys, force)
+            .map(|()| format!("{}: wrote {keys} new key(s)", path.display())),
+        TicketKeysCommand::Rotate { file: path, keep } => file::rotate(&path, keep).map(|r| {
+            format!(
+                "{}: new key in front; {} key(s), {} dropped",
+                path.display(),
+                r.kept,
+                r.dropped
+            )
+        }),
+    };
+    match result {
+        Ok(msg) => {
+            println!("{msg}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("tlsgate: error: {e}");
             ExitCode::from(2)

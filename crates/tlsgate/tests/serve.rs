@@ -523,9 +523,15 @@ fn sessions_resume_on_tls12_and_tls13_and_are_counted() {
             "{text}"
         );
     }
-    // With the cache off, nothing resumes.
+    // With the cache and tickets off, nothing resumes.
     drop(s);
-    let s = Server::start(&fx, &fx.config("[tls]\nsession_cache_size = 0\n", ""));
+    let s = Server::start(
+        &fx,
+        &fx.config(
+            "[tls]\nsession_cache_size = 0\nsession_tickets = false\n",
+            "",
+        ),
+    );
     let cfg = std::sync::Arc::new(client_config(&[&rustls::version::TLS12]));
     for _ in 0..2 {
         let c = tls_connect_shared(s.addr, "localhost", cfg.clone()).unwrap();

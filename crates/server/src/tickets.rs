@@ -1,0 +1,136 @@
+//! The session ticket keys of the process: set up once, kept across
+//! configuration reloads while the ticket settings stay the same (so a
+//! SIGHUP does not cut off every ticket issued so far), and reported in
+//! the metrics.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tlsgate_config::SessionTickets;
+use tlsgate_metrics::types::{Counter, Family, Gauge};
+use tlsgate_metrics::{Metrics, ResultLabel};
+use tlsgate_tls::tickets::Refused;
+use tlsgate_tls::{TicketKeyError, TicketKeys, TicketObserver};
+
+/// The keys in use and the settings they were made for.
+pub struct TicketCache {
+    observer: Arc<dyn TicketObserver>,
+    state: Mutex<State>,
+}
+
+struct State {
+    current: Option<(SessionTickets, Arc<TicketKeys>)>,
+    /// Refresher threads (rotation, key file polling) may run: only once
+    /// serving has started and privileges are dropped; never for check-config.
+    threads: bool,
+}
+
+impl TicketCache {
+    /// Keys that are checked but never refreshed or counted (check-config).
+    pub fn checking() -> Self {
+        Self {
+            observer: Arc::new(tlsgate_tls::tickets::Quiet),
+            state: Mutex::new(State {
+                current: None,
+                threads: false,
+            }),
+        }
+    }
+
+    /// Keys for serving, counted in `metrics`; refreshed by their own
+    /// thread once [`start_threads`](Self::start_threads) was called.
+    pub fn serving(metrics: &Metrics) -> Self {
+        Self {
+            observer: Arc::new(MetricsObserver::new(metrics)),
+            state: Mutex::new(State {
+                current: None,
+                threads: false,
+            }),
+        }
+    }
+
+    /// Starts the refresher of the current keys, and of any made later.
+    /// Called once the process may start threads (privileges dropped).
+    pub fn start_threads(&self) -> Result<(), TicketKeyError> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        state.threads = true;
+        if let Some((_, keys)) = &state.current {
+            keys.spawn_refresher()?;
+        }
+        Ok(())
+    }
+
+    /// The keys for `policy`: the current ones if only settings that do
+    /// not concern keys changed, else new ones. `None` when tickets are off.
+    pub(crate) fn get(
+        &self,
+        policy: &SessionTickets,
+    ) -> Result<Option<Arc<TicketKeys>>, TicketKeyError> {
+        if !policy.enabled {
+            return Ok(None);
+        }
+        let same = |old: &SessionTickets| {
+            old.lifetime == policy.lifetime
+                && old.key_file == policy.key_file
+                && (policy.key_file.is_some() || old.rotation == policy.rotation)
+        };
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((old, keys)) = state.current.as_ref() {
+            if same(old) {
+                return Ok(Some(keys.clone()));
+            }
+        }
+        let keys = TicketKeys::new(policy, self.observer.clone())?;
+        if state.threads {
+            keys.spawn_refresher()?;
+        }
+        state.current = Some((policy.clone(), keys.clone()));
+        Ok(Some(keys))
+    }
+}
+
+/// Counts ticket events in the server's metrics.
+struct MetricsObserver {
+    issued: Counter,
+    decrypts: Family<ResultLabel, Counter>,
+    reloads: Family<ResultLabel, Counter>,
+    rotations: Counter,
+    keys: Gauge,
+}
+
+impl MetricsObserver {
+    fn new(m: &Metrics) -> Self {
+        // Clones share the registered metrics.
+        Self {
+            issued: m.tickets_issued.clone(),
+            decrypts: m.ticket_decrypts.clone(),
+            reloads: m.ticket_key_reloads.clone(),
+            rotations: m.ticket_key_rotations.clone(),
+            keys: m.ticket_keys.clone(),
+        }
+    }
+}
+
+impl TicketObserver for MetricsObserver {
+    fn issued(&self) {
+        self.issued.inc();
+    }
+    fn opened(&self, result: Result<(), Refused>) {
+        let result = match result {
+            Ok(()) => "ok",
+            Err(Refused::Expired) => "expired",
+            Err(Refused::UnknownKey) => "unknown_key",
+            Err(Refused::Invalid) => "failed",
+        };
+        self.decrypts.get_or_create(&ResultLabel { result }).inc();
+    }
+    fn key_count(&self, count: usize) {
+        self.keys.set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+    fn reloaded(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.get_or_create(&ResultLabel { result }).inc();
+    }
+    fn rotated(&self) {
+        self.rotations.inc();
+    }
+}

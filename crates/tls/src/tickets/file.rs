@@ -1,0 +1,382 @@
+//! The ticket key file shared by a fleet: format, checks, atomic writes.
+//!
+//! ```text
+//! tlsgate-ticket-keys v1
+//! # first key encrypts new tickets; every key decrypts
+//! 3q2+7wAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=
+//! ```
+//!
+//! The first line is the version header; then one key per line, standard
+//! base64 of 32 random bytes; blank lines and `#` comments are ignored. The
+//! file must be a regular file that neither group nor others may access.
+//!
+//! This module knows nothing of rustls: it reads and writes secrets, so a
+//! separate key process can own the file with the same code.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use zeroize::Zeroizing;
+
+/// The first line of every key file.
+pub const HEADER: &str = "tlsgate-ticket-keys v1";
+/// Bytes of one key.
+pub const KEY_LEN: usize = 32;
+/// Most keys a file may list (a key per hour for over two days).
+pub const MAX_KEYS: usize = 64;
+/// Largest file read; a full file of `MAX_KEYS` is about 3 KiB.
+const MAX_FILE_BYTES: u64 = 64 * 1024;
+
+/// One ticket key's secret, wiped on drop and never printed.
+pub struct Secret(Zeroizing<[u8; KEY_LEN]>);
+
+impl Secret {
+    /// A new key from the system's random source.
+    pub fn generate() -> Result<Self, KeyFileError> {
+        let mut k = Zeroizing::new([0u8; KEY_LEN]);
+        aws_lc_rs::rand::fill(&mut k[..]).map_err(|_| KeyFileError {
+            path: PathBuf::new(),
+            problem: "the system random source failed".into(),
+        })?;
+        Ok(Self(k))
+    }
+
+    /// Wraps bytes (tests, or keys handed over by another process).
+    pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(Zeroizing::new(bytes))
+    }
+
+    /// The key bytes.
+    pub fn expose(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// A key file that cannot be read, parsed or written. Names the file;
+/// never quotes its content.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct KeyFileError {
+    /// The file at fault.
+    pub path: PathBuf,
+    /// What is wrong and what was expected.
+    pub problem: String,
+}
+
+fn fail(path: &Path, problem: impl Into<String>) -> KeyFileError {
+    KeyFileError {
+        path: path.to_path_buf(),
+        problem: problem.into(),
+    }
+}
+
+/// Refuses anything but a regular file closed to group and others.
+fn check_metadata(path: &Path, meta: &std::fs::Metadata) -> Result<(), KeyFileError> {
+    if !meta.is_file() {
+        return Err(fail(path, "expected a regular file"));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(fail(
+            path,
+            format!(
+                "mode {mode:04o} lets group or others read or change ticket keys; \
+                 expected 0600 or 0400 (chmod 600 {})",
+                path.display()
+            ),
+        ));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(fail(
+            path,
+            format!(
+                "{} bytes is too large for a key file (at most {MAX_FILE_BYTES})",
+                meta.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and checks a key file: the keys in order, the encrypting one first.
+pub fn read(path: &Path) -> Result<Vec<Secret>, KeyFileError> {
+    let mut f = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+    // Checked on the open file, so a swap after the check changes nothing.
+    let meta = f
+        .metadata()
+        .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+    check_metadata(path, &meta)?;
+    let mut raw = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
+    (&mut f)
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut raw)
+        .map_err(|e| fail(path, format!("cannot read: {e}")))?;
+    if raw.len() as u64 > MAX_FILE_BYTES {
+        return Err(fail(path, "too large for a key file"));
+    }
+    parse(&raw).map_err(|problem| fail(path, problem))
+}
+
+/// Parses the text of a key file; the error never quotes a key line.
+pub fn parse(raw: &[u8]) -> Result<Vec<Secret>, String> {
+    let text = std::str::from_utf8(raw).map_err(|_| "expected a text file".to_string())?;
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, first)) if first.trim() == HEADER => {}
+        _ => return Err(format!("expected the first line to be {HEADER:?}")),
+    }
+    let mut keys: Vec<(usize, Secret)> = Vec::new();
+    for (i, line) in lines {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let n = i + 1;
+        // Room for one byte more than a key, to tell "too long" from valid.
+        let mut buf = Zeroizing::new([0u8; KEY_LEN + 3]);
+        let len = STANDARD
+            .decode_slice(line, &mut buf[..])
+            .map_err(|_| format!("line {n}: expected base64 of {KEY_LEN} bytes"))?;
+        if len != KEY_LEN {
+            return Err(format!(
+                "line {n}: expected base64 of {KEY_LEN} bytes, found {len} bytes"
+            ));
+        }
+        let mut k = [0u8; KEY_LEN];
+        k.copy_from_slice(&buf[..KEY_LEN]);
+        let secret = Secret::from_bytes(k);
+        k.fill(0);
+        if let Some((m, _)) = keys.iter().find(|(_, s)| s.expose() == secret.expose()) {
+            return Err(format!("line {n}: repeats the key of line {m}"));
+        }
+        keys.push((n, secret));
+        if keys.len() > MAX_KEYS {
+            return Err(format!("more than {MAX_KEYS} keys"));
+        }
+    }
+    if keys.is_empty() {
+        return Err("expected at least one key after the header".into());
+    }
+    Ok(keys.into_iter().map(|(_, s)| s).collect())
+}
+
+/// The file text for `keys`.
+fn render(keys: &[Secret]) -> Zeroizing<String> {
+    let mut text = Zeroizing::new(String::with_capacity(64 + keys.len() * 46));
+    text.push_str(HEADER);
+    text.push_str("\n# First key encrypts new tickets; every key decrypts. Keep mode 0600.\n");
+    text.push_str("# Written by `tlsgate ticket-keys`; see docs/config.md.\n");
+    for k in keys {
+        STANDARD.encode_string(k.expose(), &mut text);
+        text.push('\n');
+    }
+    text
+}
+
+/// Replaces `path` atomically: a temporary file in the same directory,
+/// mode 0600, `owner` (uid, gid) if given, fsync, rename, fsync of the directory.
+/// Readers see the old file or the new one, never a mix.
+fn write_atomic(
+    path: &Path,
+    keys: &[Secret],
+    owner: Option<(u32, u32)>,
+) -> Result<(), KeyFileError> {
+    if keys.is_empty() || keys.len() > MAX_KEYS {
+        return Err(fail(
+            path,
+            format!("expected 1 to {MAX_KEYS} keys, not {}", keys.len()),
+        ));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let w = |what: &str, e: std::io::Error| fail(path, format!("cannot {what}: {e}"));
+    // tempfile creates the file with mode 0600 (O_EXCL, random name).
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tlsgate-ticket-keys.")
+        .tempfile_in(dir)
+        .map_err(|e| w("create a temporary file beside it", e))?;
+    tmp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| w("set mode 0600", e))?;
+    if let Some((uid, gid)) = owner {
+        let meta = tmp.as_file().metadata().map_err(|e| w("stat", e))?;
+        if (meta.uid(), meta.gid()) != (uid, gid) {
+            // Keeps the file readable by the server user it belonged to.
+            std::os::unix::fs::fchown(tmp.as_file(), Some(uid), Some(gid))
+                .map_err(|e| w(&format!("keep the owner {uid}:{gid}"), e))?;
+        }
+    }
+    tmp.write_all(render(keys).as_bytes())
+        .map_err(|e| w("write", e))?;
+    tmp.as_file().sync_all().map_err(|e| w("fsync", e))?;
+    tmp.persist(path)
+        .map_err(|e| w("rename into place", e.error))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| w("fsync the directory", e))?;
+    Ok(())
+}
+
+/// `tlsgate ticket-keys generate`: a new file of `count` fresh keys.
+/// Refuses to replace an existing file unless `force`.
+pub fn generate(path: &Path, count: usize, force: bool) -> Result<(), KeyFileError> {
+    if !(1..=MAX_KEYS).contains(&count) {
+        return Err(fail(
+            path,
+            format!("expected --keys from 1 to {MAX_KEYS}, found {count}"),
+        ));
+    }
+    if !force && std::fs::symlink_metadata(path).is_ok() {
+        return Err(fail(
+            path,
+            "exists; use `ticket-keys rotate` to add a key, or --force to replace every key",
+        ));
+    }
+    let keys = (0..count)
+        .map(|_| Secret::generate())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| fail(path, e.problem))?;
+    write_atomic(path, &keys, None)
+}
+
+/// What [`rotate`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rotated {
+    /// Keys in the file now (the new one first).
+    pub kept: usize,
+    /// Oldest keys dropped.
+    pub dropped: usize,
+}
+
+/// `tlsgate ticket-keys rotate`: a new key in front, then at most `keep`
+/// keys in all (the oldest go). The file keeps its owner.
+pub fn rotate(path: &Path, keep: usize) -> Result<Rotated, KeyFileError> {
+    if !(1..=MAX_KEYS).contains(&keep) {
+        return Err(fail(
+            path,
+            format!("expected --keep from 1 to {MAX_KEYS}, found {keep}"),
+        ));
+    }
+    let old = read(path)?;
+    let meta = std::fs::metadata(path).map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+    let mut keys = Vec::with_capacity(old.len() + 1);
+    keys.push(Secret::generate().map_err(|e| fail(path, e.problem))?);
+    keys.extend(old);
+    let dropped = keys.len().saturating_sub(keep);
+    keys.truncate(keep);
+    write_atomic(path, &keys, Some((meta.uid(), meta.gid())))?;
+    Ok(Rotated {
+        kept: keys.len(),
+        dropped,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn generate_then_rotate_keeps_order_mode_and_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keys");
+        generate(&p, 2, false).unwrap();
+        assert_eq!(mode(&p), 0o600);
+        let first = read(&p).unwrap();
+        assert_eq!(first.len(), 2);
+        assert_ne!(first[0].expose(), first[1].expose());
+        let e = generate(&p, 1, false).unwrap_err();
+        assert!(e.to_string().contains("exists"), "{e}");
+
+        let r = rotate(&p, 3).unwrap();
+        assert_eq!(
+            r,
+            Rotated {
+                kept: 3,
+                dropped: 0
+            }
+        );
+        let second = read(&p).unwrap();
+        assert_eq!(second[1].expose(), first[0].expose(), "new key in front");
+        assert_eq!(second[2].expose(), first[1].expose());
+        let r = rotate(&p, 2).unwrap();
+        assert_eq!(
+            r,
+            Rotated {
+                kept: 2,
+                dropped: 2
+            }
+        );
+        let third = read(&p).unwrap();
+        assert_eq!(third[1].expose(), second[0].expose());
+        assert_eq!(mode(&p), 0o600);
+        // No temporary files left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn open_permissions_are_refused_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keys");
+        generate(&p, 1, false).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let e = read(&p).unwrap_err();
+        assert_eq!(e.path, p);
+        assert!(e.to_string().contains("0640"), "{e}");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        assert!(
+            rotate(&p, 2).is_err(),
+            "rotate reads through the same check"
+        );
+        let e = read(dir.path()).unwrap_err();
+        assert!(e.problem.contains("regular file"), "{e}");
+    }
+
+    #[test]
+    fn malformed_files_are_refused_without_quoting_keys() {
+        let k = STANDARD.encode([7u8; KEY_LEN]);
+        let short = STANDARD.encode([7u8; 31]);
+        let long = STANDARD.encode([7u8; 33]);
+        let cases: &[(String, &str)] = &[
+            (String::new(), "first line"),
+            (format!("{k}\n"), "first line"),
+            ("tlsgate-ticket-keys v2\n".to_string(), "first line"),
+            (format!("{HEADER}\n# only a comment\n"), "at least one key"),
+            (format!("{HEADER}\n{short}\n"), "line 2"),
+            (format!("{HEADER}\n\n{long}\n"), "line 3"),
+            (format!("{HEADER}\nnot base64!\n"), "line 2"),
+            (format!("{HEADER}\n{k}\n{k}\n"), "repeats the key of line 2"),
+        ];
+        for (text, needle) in cases {
+            let e = parse(text.as_bytes()).map(|_| ()).unwrap_err();
+            assert!(e.contains(needle), "{text:?}: {e}");
+            assert!(!e.contains(&k[..20]), "never quote a key: {e}");
+        }
+        let many: String = (0..=MAX_KEYS)
+            .map(|i| STANDARD.encode([i as u8; KEY_LEN]) + "\n")
+            .collect();
+        let e = parse(format!("{HEADER}\n{many}").as_bytes())
+            .map(|_| ())
+            .unwrap_err();
+        assert!(e.contains("more than"), "{e}");
+        let ok = parse(format!("{HEADER}\r\n# c\r\n\r\n  {k}  \r\n").as_bytes()).unwrap();
+        assert_eq!(ok[0].expose(), &[7u8; KEY_LEN]);
+        assert_eq!(format!("{:?}", ok[0]), "Secret(..)");
+    }
+}
