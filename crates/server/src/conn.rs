@@ -49,7 +49,8 @@ pub(crate) async fn handle(
     let Some(site) = gen.sites.get(listener) else {
         return;
     };
-    let _ = sock.set_nodelay(true);
+    // TCP_NODELAY comes from the listener (`tlsgate_sys::reuseport_listener`):
+    // Linux copies it to accepted sockets, so no setsockopt per connection.
     let t0 = Instant::now();
     let handshake = tokio::time::timeout(
         gen.config.limits.handshake_timeout,

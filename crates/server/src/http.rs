@@ -66,10 +66,33 @@ async fn read_more<T: Transport>(io: &mut T, buf: &mut Vec<u8>) -> std::io::Resu
 
 /// Sends the queued output within the send timeout.
 async fn send<T: Transport>(io: &mut T, out: &mut Vec<u8>, cx: &HttpCtx<'_>) -> Result<(), End> {
+    send_then(io, out, cx, false).await
+}
+
+/// Sends the queued output and closes: for TLS the response and the
+/// close_notify leave in one write. `Err` when the client did not take it.
+async fn send_and_close<T: Transport>(
+    io: &mut T,
+    out: &mut Vec<u8>,
+    cx: &HttpCtx<'_>,
+) -> Result<(), End> {
+    send_then(io, out, cx, true).await
+}
+
+async fn send_then<T: Transport>(
+    io: &mut T,
+    out: &mut Vec<u8>,
+    cx: &HttpCtx<'_>,
+    and_close: bool,
+) -> Result<(), End> {
     let limit = cx.gen.config.limits.send_timeout;
     let r = tokio::time::timeout(limit, async {
         io.write_all(out).await?;
-        io.flush().await
+        if and_close {
+            io.close().await
+        } else {
+            io.flush().await
+        }
     })
     .await;
     cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
@@ -230,8 +253,19 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         );
 
         if !keep_alive {
-            if send(io, &mut out, cx).await.is_ok() {
-                close(io).await;
+            // The client asked to close (RFC 9112 §9.6: it sends nothing
+            // more) and every byte it sent was read: closing cannot turn
+            // into a reset, so no lingering wait (nginx's `lingering_close
+            // auto` does the same). Otherwise drain what may still come.
+            let fully_read = early.is_none()
+                && inbuf.is_empty()
+                && (serves_method
+                    || matches!(
+                        head.body(),
+                        BodyFraming::None | BodyFraming::ContentLength(0)
+                    ));
+            if send_and_close(io, &mut out, cx).await.is_ok() && !(fully_read && !head.keep_alive())
+            {
                 io.linger(LINGER).await;
             }
             return End::Done;

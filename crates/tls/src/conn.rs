@@ -108,8 +108,9 @@ impl TlsConnection {
                 return Err(e.into());
             }
         }
-        // TLS 1.3 session tickets go out right after the handshake.
-        self.flush().await?;
+        // TLS 1.3 session tickets stay queued: they leave with the first
+        // response in one write, or in `read` before it waits for the
+        // client, saving a write (and a client wake-up) per connection.
         Ok(())
     }
 
@@ -131,14 +132,15 @@ impl TlsConnection {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 other => return other,
             }
+            // Nothing decrypted is waiting: send what is queued (session
+            // tickets, a KeyUpdate answer) before waiting for the client.
+            if self.tls.wants_write() {
+                self.flush().await?;
+            }
             self.read_tls().await?;
             if let Err(e) = self.tls.process_new_packets() {
                 let _ = self.tls.write_tls(&mut SyncIo(&self.sock));
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-            }
-            // Post-handshake messages (e.g. a KeyUpdate) may want an answer.
-            if self.tls.wants_write() {
-                self.flush().await?;
             }
         }
     }
@@ -187,6 +189,8 @@ impl TlsConnection {
     }
 
     /// Takes the connection apart, e.g. to move the record layer to the kernel.
+    /// Records may still be queued in rustls (the session tickets): send
+    /// them with [`flush`](Self::flush) first.
     pub fn into_parts(self) -> (TcpStream, ServerConnection) {
         (self.sock, self.tls)
     }
