@@ -253,19 +253,10 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         );
 
         if !keep_alive {
-            // The client asked to close (RFC 9112 §9.6: it sends nothing
-            // more) and every byte it sent was read: closing cannot turn
-            // into a reset, so no lingering wait (nginx's `lingering_close
-            // auto` does the same). Otherwise drain what may still come.
-            let fully_read = early.is_none()
-                && inbuf.is_empty()
-                && (serves_method
-                    || matches!(
-                        head.body(),
-                        BodyFraming::None | BodyFraming::ContentLength(0)
-                    ));
-            if send_and_close(io, &mut out, cx).await.is_ok() && !(fully_read && !head.keep_alive())
-            {
+            // Lingering stays even when the client asked to close: bytes it
+            // sends anyway would otherwise meet a reset that can destroy the
+            // response (tests/malformed.rs pins this).
+            if send_and_close(io, &mut out, cx).await.is_ok() {
                 io.linger(LINGER).await;
             }
             return End::Done;
