@@ -220,7 +220,16 @@ pub fn run_handshakes(job: &HandshakeJob, observer: &dyn Observer) -> Result<Rep
             if per_thread_concurrency > 0 {
                 let mut tasks = Vec::new();
                 for _ in 0..per_thread_concurrency {
-                    let (dialer, tally, request) = (dialer.clone(), tally.clone(), request.clone());
+                    // Each closed-loop client keeps its own tickets, as real
+                    // clients do: one shared store holds only a few tickets
+                    // per server name (TLS 1.3 tickets are single-use), so
+                    // dozens of concurrent connections would fall back to
+                    // full handshakes and "resumed" would measure a mix.
+                    let dialer = match Dialer::new(job.addr, &job.server_name, &job.profile, 4) {
+                        Ok(d) => Rc::new(d),
+                        Err(_) => dialer.clone(),
+                    };
+                    let (tally, request) = (tally.clone(), request.clone());
                     tasks.push(tokio::task::spawn_local(async move {
                         let mut buf = vec![0u8; 16 * 1024];
                         while !clock.over() {
