@@ -9,14 +9,25 @@ use tlsgate_bench::report::{median, Machine};
 use tlsgate_bench::runner::Job;
 use tlsgate_bench::scenario::handshake_kinds;
 use tlsgate_bench::{BenchOptions, Cell, Runner, Target, TargetKind};
-use tlsgate_loadgen::{
-    Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, TransferJob, Version, Window,
-};
+use tlsgate_loadgen::{Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, Version, Window};
 
 use crate::model::{cipher_name, CostError, Model, Workload};
 
 const SMALL: u64 = 1 << 10;
-const BULK: u64 = 10 << 20;
+/// Bytes of a connection at the ramp's cost: about where TCP's send
+/// buffer has grown on loopback (see docs/bench.md).
+const RAMP: u64 = 1 << 20;
+/// The bulk transaction: larger than the last-level cache, so the file's
+/// pages come from memory as they do for a large working set.
+fn bulk(quick: bool) -> u64 {
+    if quick {
+        8 << 20
+    } else {
+        64 << 20
+    }
+}
+/// Big transactions in flight at once: few, so each moves many bytes.
+const BIG_CONCURRENCY: usize = 4;
 
 fn handshake_job(
     t: &Target,
@@ -52,12 +63,34 @@ fn repeat(
     Ok(cells)
 }
 
+/// A window that holds many big transactions.
+fn big_window(opts: &BenchOptions) -> Window {
+    Window {
+        warmup: opts.warmup,
+        measure: opts
+            .measure
+            .max(Duration::from_secs(if opts.quick { 1 } else { 5 })),
+    }
+}
+
+/// Transactions in a cell. Big ones cut by the window's edges still cost
+/// CPU inside it: they are counted by the bytes that arrived.
+fn transactions(c: &Cell, size: u64) -> f64 {
+    if size >= RAMP {
+        c.load.bytes as f64 / size as f64
+    } else {
+        c.load.operations as f64
+    }
+}
+
 /// Measures the model's coefficients on this machine against tlsgate.
 pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
     let materials = Materials::create()?;
+    let bulk_size = bulk(opts.quick);
     let small = materials.file(SMALL)?;
-    let bulk = materials.file(BULK)?;
-    let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(BULK))?;
+    let ramp = materials.file(RAMP)?;
+    let bulk = materials.file(bulk_size)?;
+    let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(bulk_size))?;
     let mut model = Model {
         machine: {
             let m = Machine::detect(String::new());
@@ -67,6 +100,8 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         server: target.version().to_string(),
         handshake_us: Default::default(),
         byte_ns: Default::default(),
+        ramp_byte_ns: Default::default(),
+        ramp_bytes: 0.0,
         handshake_response_bytes: 0.0,
     };
     let mut response_bytes = Vec::new();
@@ -93,6 +128,10 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         );
     }
     model.handshake_response_bytes = median(response_bytes);
+    // Bytes: new connections (full TLS 1.3 ECDSA handshakes) fetching 1 KiB,
+    // RAMP and the bulk size; the slopes between them are the two byte
+    // coefficients, so the connection's own cost cancels out.
+    model.ramp_bytes = RAMP as f64;
     for cipher in [
         Cipher::Aes128Gcm,
         Cipher::Aes256Gcm,
@@ -103,21 +142,36 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
             ..TlsProfile::tls13_ecdsa()
         };
         let name = cipher_name(cipher);
-        let cells = repeat(opts, &mut target, name, |t| {
-            Job::Transfer(TransferJob {
-                addr: t.addr(),
-                server_name: SERVER_NAME.into(),
-                profile: profile.clone(),
-                path: bulk.clone(),
-                connections: 8,
-                window: opts.window(),
-                cores: opts.placement.client_cores.clone(),
-            })
-        })?;
-        model.byte_ns.insert(
-            name.to_string(),
-            median(cells.iter().map(|c| c.server_cpu_ns_per_byte).collect()),
-        );
+        let mut per_txn = Vec::new();
+        for (size, path) in [(SMALL, &small), (RAMP, &ramp), (bulk_size, &bulk)] {
+            let case = format!(
+                "{name} {} per txn",
+                tlsgate_bench::materials::size_name(size)
+            );
+            let cells = repeat(opts, &mut target, &case, |t| {
+                handshake_job(
+                    t,
+                    profile.clone(),
+                    path,
+                    BIG_CONCURRENCY,
+                    big_window(opts),
+                    opts,
+                )
+            })?;
+            per_txn.push(median(
+                cells
+                    .iter()
+                    .map(|c| c.server_cpu_secs * 1e9 / transactions(c, size).max(1e-9))
+                    .collect(),
+            ));
+        }
+        let (small_ns, ramp_ns, bulk_ns) = (per_txn[0], per_txn[1], per_txn[2]);
+        model
+            .ramp_byte_ns
+            .insert(name.into(), (ramp_ns - small_ns) / (RAMP - SMALL) as f64);
+        model
+            .byte_ns
+            .insert(name.into(), (bulk_ns - ramp_ns) / (bulk_size - RAMP) as f64);
     }
     Ok(model)
 }
@@ -174,60 +228,47 @@ impl Validation {
 
 /// Runs workloads unlike the calibration's and compares the model's
 /// prediction with measurement: 1 KiB and 100 MiB per transaction, full and
-/// resumed, plus a TLS 1.2 1 MiB workload.
+/// resumed, a TLS 1.2 1 MiB one and a ChaCha20 4 MiB one.
 pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostError> {
     let big: u64 = if opts.quick { 8 << 20 } else { 100 << 20 };
-    let workloads: Vec<(u64, Version, bool)> = vec![
-        (SMALL, Version::Tls13, false),
-        (SMALL, Version::Tls13, true),
-        (big, Version::Tls13, false),
-        (big, Version::Tls13, true),
-        (1 << 20, Version::Tls12, false),
+    let aes = Cipher::Aes128Gcm;
+    let workloads: Vec<(u64, Version, bool, Cipher)> = vec![
+        (SMALL, Version::Tls13, false, aes),
+        (SMALL, Version::Tls13, true, aes),
+        (big, Version::Tls13, false, aes),
+        (big, Version::Tls13, true, aes),
+        (1 << 20, Version::Tls12, false, aes),
+        (4 << 20, Version::Tls13, false, Cipher::Chacha20Poly1305),
     ];
     let materials = Materials::create()?;
     let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(big))?;
     let mut rows = Vec::new();
-    for (size, version, resumed) in workloads {
+    for (size, version, resumed, cipher) in workloads {
         let path = materials.file(size)?;
         let profile = TlsProfile {
             version,
             key: KeyType::EcdsaP256,
-            cipher: Cipher::Aes128Gcm,
+            cipher,
             group: Group::X25519,
             resume: resumed,
             client_identity: None,
         };
         let name = format!(
-            "{} per txn, {}",
+            "{} per txn, {} {}",
             tlsgate_bench::materials::size_name(size),
-            profile.label()
+            profile.label(),
+            cipher_name(cipher)
         );
         // Big transactions: few in flight, and a window that holds many.
-        let (concurrency, window) = if size >= 1 << 20 {
-            (
-                4,
-                Window {
-                    warmup: opts.warmup,
-                    measure: opts
-                        .measure
-                        .max(Duration::from_secs(if opts.quick { 1 } else { 5 })),
-                },
-            )
+        let (concurrency, window) = if size >= RAMP {
+            (BIG_CONCURRENCY, big_window(opts))
         } else {
             (opts.handshake_concurrency, opts.window())
         };
         let cells = repeat(opts, &mut target, &name, |t| {
             handshake_job(t, profile.clone(), &path, concurrency, window, opts)
         })?;
-        // Transactions cut by the window's edges still cost CPU inside it:
-        // count big ones by the bytes that arrived.
-        let txn = |c: &Cell| {
-            if size >= 1 << 20 {
-                c.load.bytes as f64 / size as f64
-            } else {
-                c.load.operations as f64
-            }
-        };
+        let txn = |c: &Cell| transactions(c, size);
         let measured = median(
             cells
                 .iter()
@@ -242,7 +283,7 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
                 mtls: false,
                 version,
                 key: KeyType::EcdsaP256,
-                cipher: Cipher::Aes128Gcm,
+                cipher,
             })?
             .max_tps_per_core;
         rows.push(ValidationRow {

@@ -42,8 +42,17 @@ pub struct Model {
     /// Server CPU per connection (handshake + small request + close), µs,
     /// by handshake kind label ("TLS1.3 ECDSA full", "… mTLS").
     pub handshake_us: BTreeMap<String, f64>,
-    /// Server CPU per response byte, ns, by cipher name.
+    /// Server CPU per response byte past the first [`ramp_bytes`](Self::ramp_bytes)
+    /// of a connection (bulk), ns, by cipher name.
     pub byte_ns: BTreeMap<String, f64>,
+    /// Server CPU per byte of the first `ramp_bytes` of a connection, ns, by
+    /// cipher name: TCP's send buffer is still small, so each wake-up moves
+    /// fewer bytes.
+    #[serde(default)]
+    pub ramp_byte_ns: BTreeMap<String, f64>,
+    /// How many bytes of each connection cost `ramp_byte_ns`.
+    #[serde(default)]
+    pub ramp_bytes: f64,
     /// Response bytes included in each handshake measurement (subtracted
     /// with the byte term so it is not counted twice).
     pub handshake_response_bytes: f64,
@@ -75,11 +84,15 @@ pub struct Prediction {
     pub h_full_us: f64,
     /// CPU µs per resumed handshake used.
     pub h_resumed_us: f64,
-    /// CPU ns per byte used.
-    pub b_ns: f64,
+    /// CPU ns per byte of a connection's first `ramp_bytes`.
+    pub b_ramp_ns: f64,
+    /// CPU ns per byte after those.
+    pub b_bulk_ns: f64,
+    /// Bytes of a connection at the ramp's cost.
+    pub ramp_bytes: f64,
     /// Handshake term per transaction, µs.
     pub handshake_term_us: f64,
-    /// Byte term per transaction, µs.
+    /// Byte term per transaction (ramp and bulk), µs.
     pub byte_term_us: f64,
     /// CPU per transaction, µs.
     pub cpu_per_txn_us: f64,
@@ -166,13 +179,17 @@ impl Model {
             ));
         }
         let name = cipher_name(w.cipher);
-        let b_ns = *self
-            .byte_ns
-            .get(name)
-            .ok_or_else(|| CostError::Uncalibrated(name.to_string()))?;
+        let coefficient = |table: &BTreeMap<String, f64>| {
+            table
+                .get(name)
+                .copied()
+                .ok_or_else(|| CostError::Uncalibrated(name.to_string()))
+        };
+        let b_bulk_ns = coefficient(&self.byte_ns)?;
+        let b_ramp_ns = coefficient(&self.ramp_byte_ns)?;
         // The handshake coefficients were measured with a small response:
-        // its bytes belong to the byte term.
-        let small = self.handshake_response_bytes * b_ns / 1e3;
+        // its bytes (all within the ramp) belong to the byte term.
+        let small = self.handshake_response_bytes * b_ramp_ns / 1e3;
         let h_full_us = if w.resumed < 1.0 {
             (self.handshake(w.version, w.key, false, w.mtls)? - small).max(0.0)
         } else {
@@ -184,13 +201,16 @@ impl Model {
             0.0
         };
         let handshake_term_us = (1.0 - w.resumed) * h_full_us + w.resumed * h_resumed_us;
-        let byte_term_us = w.bytes * b_ns / 1e3;
+        let ramp = w.bytes.min(self.ramp_bytes);
+        let byte_term_us = (ramp * b_ramp_ns + (w.bytes - ramp) * b_bulk_ns) / 1e3;
         let cpu_per_txn_us = handshake_term_us + byte_term_us;
         let cpu_seconds_per_second = w.rate * cpu_per_txn_us / 1e6;
         Ok(Prediction {
             h_full_us,
             h_resumed_us,
-            b_ns,
+            b_ramp_ns,
+            b_bulk_ns,
+            ramp_bytes: self.ramp_bytes,
             handshake_term_us,
             byte_term_us,
             cpu_per_txn_us,
@@ -226,16 +246,23 @@ impl Model {
             kind_label(w.version, w.key, false, false).trim_end_matches(" full"),
             cipher_name(w.cipher)
         );
-        let _ = writeln!(out, "cpu(txn) = (1 − r)·h_full + r·h_resumed + T·b");
+        let ramp = w.bytes.min(p.ramp_bytes);
         let _ = writeln!(
             out,
-            "         = {:.2}·{:.1} µs + {:.2}·{:.1} µs + {} B · {:.4} ns/B",
+            "cpu(txn) = (1 − r)·h_full + r·h_resumed + min(T, W)·b_ramp + (T − W)⁺·b_bulk    (W = {} B)",
+            p.ramp_bytes
+        );
+        let _ = writeln!(
+            out,
+            "         = {:.2}·{:.1} µs + {:.2}·{:.1} µs + {} B · {:.4} ns/B + {} B · {:.4} ns/B",
             1.0 - w.resumed,
             p.h_full_us,
             w.resumed,
             p.h_resumed_us,
-            w.bytes,
-            p.b_ns
+            ramp,
+            p.b_ramp_ns,
+            w.bytes - ramp,
+            p.b_bulk_ns
         );
         let _ = writeln!(
             out,
@@ -266,13 +293,17 @@ mod tests {
         handshake_us.insert("TLS1.3 ECDSA full".into(), 201.0);
         handshake_us.insert("TLS1.3 ECDSA resumed".into(), 101.0);
         let mut byte_ns = BTreeMap::new();
-        byte_ns.insert("AES-128-GCM".into(), 1.0);
+        byte_ns.insert("AES-128-GCM".into(), 0.5);
+        let mut ramp_byte_ns = BTreeMap::new();
+        ramp_byte_ns.insert("AES-128-GCM".into(), 1.0);
         Model {
             machine: "test".into(),
             date: "now".into(),
             server: "tlsgate".into(),
             handshake_us,
             byte_ns,
+            ramp_byte_ns,
+            ramp_bytes: 200_000.0,
             handshake_response_bytes: 1000.0,
         }
     }
@@ -296,13 +327,22 @@ mod tests {
         assert_eq!(p.h_full_us, 200.0);
         assert_eq!(p.h_resumed_us, 100.0);
         assert_eq!(p.handshake_term_us, 150.0);
-        assert_eq!(p.byte_term_us, 1000.0);
-        assert_eq!(p.cpu_per_txn_us, 1150.0);
-        assert!((p.cpu_seconds_per_second - 1.15).abs() < 1e-9);
-        assert_eq!(p.cores_needed, 2);
-        assert!((p.max_tps_per_core - 1e6 / 1150.0).abs() < 1e-9);
+        // 200 kB at 1 ns/B, then 800 kB at 0.5 ns/B.
+        assert_eq!(p.byte_term_us, 600.0);
+        assert_eq!(p.cpu_per_txn_us, 750.0);
+        assert!((p.cpu_seconds_per_second - 0.75).abs() < 1e-9);
+        assert_eq!(p.cores_needed, 1);
+        assert!((p.max_tps_per_core - 1e6 / 750.0).abs() < 1e-9);
         let text = model().explain(&workload(), &p);
-        assert!(text.contains("1150.0 µs"), "{text}");
+        assert!(text.contains("750.0 µs"), "{text}");
+    }
+
+    #[test]
+    fn a_transaction_inside_the_ramp_pays_only_the_ramp() {
+        let mut w = workload();
+        w.bytes = 100_000.0;
+        let p = model().predict(&w).unwrap();
+        assert_eq!(p.byte_term_us, 100.0);
     }
 
     #[test]

@@ -124,8 +124,11 @@ pub fn run(cmd: CostCommand) -> ExitCode {
                     for (k, v) in &m.handshake_us {
                         println!("  handshake {k:<24} {v:>9.1} µs CPU");
                     }
+                    for (k, v) in &m.ramp_byte_ns {
+                        println!("  bytes     {k:<24} {v:>9.4} ns CPU per byte of a connection's first {} ({:.0} MB per CPU-second)", m.ramp_bytes, 1e3 / v);
+                    }
                     for (k, v) in &m.byte_ns {
-                        println!("  bytes     {k:<24} {v:>9.4} ns CPU per byte ({:.0} MB per CPU-second)", 1e3 / v);
+                        println!("  bytes     {k:<24} {v:>9.4} ns CPU per byte after those ({:.0} MB per CPU-second)", 1e3 / v);
                     }
                     println!("model: {}", model.display());
                     ExitCode::SUCCESS

@@ -156,7 +156,9 @@ fn cost_model_calibrates_predicts_and_validates() {
     let text = String::from_utf8_lossy(&predict.stdout);
     assert!(predict.status.success(), "{text}");
     assert!(
-        text.contains("cpu(txn) = (1 − r)·h_full + r·h_resumed + T·b"),
+        text.contains(
+            "cpu(txn) = (1 − r)·h_full + r·h_resumed + min(T, W)·b_ramp + (T − W)⁺·b_bulk"
+        ),
         "{text}"
     );
     assert!(text.contains("cores needed"), "{text}");
@@ -197,9 +199,10 @@ fn cost_model_calibrates_predicts_and_validates() {
             .lines()
             .filter(|l| l.starts_with("| 1k per txn")
                 || l.starts_with("| 8m per txn")
-                || l.starts_with("| 1m per txn"))
+                || l.starts_with("| 1m per txn")
+                || l.starts_with("| 4m per txn"))
             .count(),
-        5,
+        6,
         "{table}"
     );
     assert!(table.contains("worst error:"), "{table}");
