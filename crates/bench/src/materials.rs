@@ -6,10 +6,17 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tlsgate_loadgen::ClientIdentity;
+
 use crate::error::BenchError;
 
 /// The name in the certificates, SNI and Host.
 pub const SERVER_NAME: &str = "bench.tlsgate.test";
+
+/// A second name, served with the same certificates, under which tlsgate
+/// requires a client certificate (mutual TLS).
+pub const MTLS_SERVER_NAME: &str = "mtls.bench.tlsgate.test";
 
 /// A certificate and its key on disk.
 #[derive(Debug, Clone)]
@@ -32,6 +39,10 @@ pub struct Materials {
     pub rsa: CertPair,
     /// Document root; files live under `/f/`.
     pub root: PathBuf,
+    /// The CA that signs client certificates (PEM).
+    pub client_ca: PathBuf,
+    /// A client certificate signed by `client_ca`, and its key.
+    pub client: ClientIdentity,
 }
 
 impl Materials {
@@ -45,11 +56,15 @@ impl Materials {
         fs::create_dir_all(root.join("f")).map_err(BenchError::io(&root))?;
         let ecdsa = make_cert(dir.path(), "ecdsa", &rcgen::PKCS_ECDSA_P256_SHA256)?;
         let rsa = make_cert(dir.path(), "rsa", &rcgen::PKCS_RSA_SHA256)?;
+        let client_ca = dir.path().join("client-ca.crt");
+        let client = make_client_identity(&client_ca)?;
         Ok(Self {
             dir,
             ecdsa,
             rsa,
             root,
+            client_ca,
+            client,
         })
     }
 
@@ -111,6 +126,39 @@ fn make_cert(
     Ok(pair)
 }
 
+/// An ECDSA P-256 client CA (written to `ca_path`) and a client
+/// certificate it signs, as mutual TLS deployments between services have.
+fn make_client_identity(ca_path: &Path) -> Result<ClientIdentity, BenchError> {
+    let other = |e: rcgen::Error| BenchError::Other(format!("making the client certificates: {e}"));
+    let alg = &rcgen::PKCS_ECDSA_P256_SHA256;
+    let ca_key = rcgen::KeyPair::generate_for(alg).map_err(other)?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(other)?;
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "tlsgate bench client CA");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = ca_params.self_signed(&ca_key).map_err(other)?;
+    fs::write(ca_path, ca.pem()).map_err(BenchError::io(ca_path))?;
+
+    let key = rcgen::KeyPair::generate_for(alg).map_err(other)?;
+    let mut params = rcgen::CertificateParams::new(vec!["client.bench.tlsgate.test".to_string()])
+        .map_err(other)?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "bench client");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf = params.signed_by(&key, &ca, &ca_key).map_err(other)?;
+    Ok(ClientIdentity {
+        chain: vec![CertificateDer::from(leaf.der().to_vec())],
+        key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +179,10 @@ mod tests {
         assert!(fs::read_to_string(&m.ecdsa.combined)
             .unwrap()
             .contains("CERTIFICATE"));
+        assert!(fs::read_to_string(&m.client_ca)
+            .unwrap()
+            .contains("CERTIFICATE"));
+        assert_eq!(m.client.chain.len(), 1);
         let p = m.file(4096).unwrap();
         assert_eq!(p, "/f/4k");
         assert_eq!(fs::metadata(m.root.join("f/4k")).unwrap().len(), 4096);

@@ -368,6 +368,21 @@ key = "{ecdsa_key}"
 [[listener.certificate]]
 cert = "{rsa_cert}"
 key = "{rsa_key}"
+
+# The same certificates under a second name that requires client certificates.
+[[listener.certificate]]
+cert = "{ecdsa_cert}"
+key = "{ecdsa_key}"
+names = ["{mtls_name}"]
+client_auth = "required"
+client_ca = "{client_ca}"
+
+[[listener.certificate]]
+cert = "{rsa_cert}"
+key = "{rsa_key}"
+names = ["{mtls_name}"]
+client_auth = "required"
+client_ca = "{client_ca}"
 "#,
         extra = s.tlsgate_server_extra,
         root = m.root.display(),
@@ -375,6 +390,8 @@ key = "{rsa_key}"
         ecdsa_key = m.ecdsa.key.display(),
         rsa_cert = m.rsa.cert.display(),
         rsa_key = m.rsa.key.display(),
+        mtls_name = crate::materials::MTLS_SERVER_NAME,
+        client_ca = m.client_ca.display(),
     )
 }
 

@@ -237,6 +237,11 @@ pub struct ListenerSection {
     /// Make a self-signed ECDSA P-256 certificate for localhost at start
     /// when no `[[listener.certificate]]` is given.
     pub self_signed: bool,
+    /// Client certificates for this listener's names: "none", "optional"
+    /// or "required" (mutual TLS); a certificate entry may override it.
+    pub client_auth: Option<String>,
+    /// PEM bundle of the CAs that client certificates must chain to.
+    pub client_ca: Option<PathBuf>,
     /// Certificates chosen by SNI.
     #[serde(rename = "certificate")]
     pub certificates: Vec<CertificateSection>,
@@ -254,4 +259,8 @@ pub struct CertificateSection {
     pub names: Option<Vec<String>>,
     /// Serve this certificate to clients whose SNI matches nothing.
     pub default: bool,
+    /// Client certificates under this entry's names; default: the listener's.
+    pub client_auth: Option<String>,
+    /// CA bundle for this entry's client certificates; default: the listener's.
+    pub client_ca: Option<PathBuf>,
 }

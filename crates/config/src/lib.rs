@@ -315,6 +315,52 @@ pub struct CertificateFiles {
     pub names: Option<Vec<String>>,
     /// Chosen for unknown SNI.
     pub default: bool,
+    /// Client certificates asked of clients under these names.
+    pub client_auth: ClientAuth,
+}
+
+/// Whether clients must present a certificate (mutual TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientAuthMode {
+    /// No certificate is asked for.
+    None,
+    /// Asked for; a client without one is served, one with a bad one refused.
+    Optional,
+    /// A certificate chaining to the CA bundle is required.
+    Required,
+}
+
+impl ClientAuthMode {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Optional => "optional",
+            Self::Required => "required",
+        }
+    }
+}
+
+/// Client certificate policy of one server name (or a whole listener).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientAuth {
+    /// None, optional or required.
+    pub mode: ClientAuthMode,
+    /// CA bundle (PEM); always set unless the mode is `None`.
+    pub ca: Option<PathBuf>,
+    /// Config key of `client_ca`, for messages about the bundle's contents.
+    pub ca_key: String,
+}
+
+impl ClientAuth {
+    /// No client certificates.
+    pub fn none() -> Self {
+        Self {
+            mode: ClientAuthMode::None,
+            ca: None,
+            ca_key: String::new(),
+        }
+    }
 }
 
 /// Where a listener's certificates come from.
@@ -339,6 +385,9 @@ pub struct Listener {
     pub index: Vec<String>,
     /// Serve symlinks that lead out of the root.
     pub allow_symlinks_outside_root: bool,
+    /// Client certificate policy of the listener (its self-signed
+    /// certificate, and certificate entries that set none of their own).
+    pub client_auth: ClientAuth,
     /// Certificates.
     pub certificates: Certificates,
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::file::{CertificateSection, ConfigFile, ListenerSection};
 use crate::{
-    AccessLog, CertificateFiles, Certificates, CipherSuite, Config, ConfigError, KeyPolicy,
-    KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges, SessionTickets, TlsPolicy,
-    TlsVersion, UnknownSni,
+    AccessLog, CertificateFiles, Certificates, CipherSuite, ClientAuth, ClientAuthMode, Config,
+    ConfigError, KeyPolicy, KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges,
+    SessionTickets, TlsPolicy, TlsVersion, UnknownSni,
 };
 
 const FLAGS: &str = "command line";
@@ -69,9 +69,15 @@ pub fn load(
         if let Some(root) = &mut l.root {
             *root = base_dir.join(&*root);
         }
+        if let Some(ca) = &mut l.client_ca {
+            *ca = base_dir.join(&*ca);
+        }
         for c in &mut l.certificates {
             c.cert = base_dir.join(&c.cert);
             c.key = base_dir.join(&c.key);
+            if let Some(ca) = &mut c.client_ca {
+                *ca = base_dir.join(&*ca);
+            }
         }
     }
     if let Some(k) = &mut file.tls.ticket_key_file {
@@ -133,6 +139,7 @@ fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigErr
                 key: key.clone(),
                 names: None,
                 default: true,
+                ..CertificateSection::default()
             }];
             first.self_signed = false;
         }
@@ -482,6 +489,13 @@ fn validate_listener(
             ));
         }
     }
+    let client_auth = validate_client_auth(
+        c,
+        &key_path,
+        ls.client_auth.as_deref(),
+        ls.client_ca.as_deref(),
+        None,
+    )?;
     let certificates = if ls.certificates.is_empty() {
         if !ls.self_signed {
             return Err(c.err(
@@ -521,14 +535,23 @@ fn validate_listener(
             // (only matters when unknown_sni = "default").
             let default =
                 cs.default || (defaults == 0 && j == 0 && unknown_sni == UnknownSni::UseDefault);
+            let client_auth = validate_client_auth(
+                c,
+                &ck,
+                cs.client_auth.as_deref(),
+                cs.client_ca.as_deref(),
+                Some(&client_auth),
+            )?;
             files.push(CertificateFiles {
                 key_path: ck,
                 cert: cs.cert.clone(),
                 key: cs.key.clone(),
                 names: cs.names.clone(),
                 default,
+                client_auth,
             });
         }
+        check_client_auth_per_name(c, &files)?;
         Certificates::Files(files)
     };
     Ok(Listener {
@@ -537,8 +560,92 @@ fn validate_listener(
         root,
         index,
         allow_symlinks_outside_root: ls.allow_symlinks_outside_root,
+        client_auth,
         certificates,
     })
+}
+
+/// `client_auth` and `client_ca` of a listener (`inherited` = None) or of a
+/// certificate entry, which takes what it leaves out from its listener.
+fn validate_client_auth(
+    c: &Checker<'_>,
+    at: &str,
+    mode: Option<&str>,
+    ca: Option<&Path>,
+    inherited: Option<&ClientAuth>,
+) -> Result<ClientAuth, ConfigError> {
+    let mode_key = format!("{at}.client_auth");
+    let ca_key = format!("{at}.client_ca");
+    let mode = match mode {
+        None => inherited.map_or(ClientAuthMode::None, |i| i.mode),
+        Some("none") => ClientAuthMode::None,
+        Some("optional") => ClientAuthMode::Optional,
+        Some("required") => ClientAuthMode::Required,
+        Some(other) => {
+            return Err(c.err(
+                mode_key,
+                format!("expected \"none\", \"optional\" or \"required\", found {other:?}"),
+            ))
+        }
+    };
+    if mode == ClientAuthMode::None && ca.is_some() {
+        return Err(c.err(
+            ca_key,
+            "client_ca is set but client_auth is \"none\"; expected client_auth = \"optional\" or \"required\" next to it",
+        ));
+    }
+    let (ca, ca_key) = match (ca, inherited) {
+        (Some(p), _) => (Some(p.to_path_buf()), ca_key),
+        (None, Some(i)) if i.ca.is_some() => (i.ca.clone(), i.ca_key.clone()),
+        (None, _) => (None, ca_key),
+    };
+    match (mode, &ca) {
+        (ClientAuthMode::None, _) => Ok(ClientAuth::none()),
+        (_, None) => Err(c.err(
+            ca_key,
+            format!(
+                "client_auth = {:?} needs the CA bundle that client certificates chain to; expected client_ca = \"FILE.pem\"",
+                mode.as_str()
+            ),
+        )),
+        (_, Some(p)) if !p.is_file() => Err(c.err(
+            ca_key,
+            format!("expected a readable PEM file of CA certificates, found {:?}", p.display().to_string()),
+        )),
+        (_, Some(_)) => Ok(ClientAuth { mode, ca, ca_key }),
+    }
+}
+
+/// A name served by two entries (an ECDSA and an RSA certificate) has one
+/// client certificate policy: the handshake picks it before the certificate.
+fn check_client_auth_per_name(
+    c: &Checker<'_>,
+    files: &[CertificateFiles],
+) -> Result<(), ConfigError> {
+    for (j, a) in files.iter().enumerate() {
+        for b in files.iter().skip(j + 1) {
+            let same_names = match (&a.names, &b.names) {
+                (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
+                // Names from the certificates themselves are only known once
+                // they are read; entries without names must agree.
+                (None, None) => true,
+                _ => false,
+            };
+            let both_default = a.default && b.default;
+            if (same_names || both_default) && a.client_auth != b.client_auth {
+                return Err(c.err(
+                    format!("{}.client_auth", b.key_path),
+                    format!(
+                        "{} serves the same names with client_auth = {:?}{}; expected the same client_auth and client_ca for every certificate of a name",
+                        a.key_path,
+                        a.client_auth.mode.as_str(),
+                        a.client_auth.ca.as_ref().map(|p| format!(", client_ca = {:?}", p.display().to_string())).unwrap_or_default(),
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A DNS name or a wildcard of one leftmost label (`*.example.com`).
@@ -659,6 +766,11 @@ names = ["example.com", "*.example.com"]
             ("[limits\n", "", "line 1"),
             ("[limits]\nsource_prefix_v6 = 129\n", "limits.source_prefix_v6", "from 1 to 128"),
             ("[limits]\nhandshake_burst_per_source = 0\n", "limits.handshake_burst_per_source", "from 1 to"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nclient_auth = \"sometimes\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].client_auth", "\"required\""),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nclient_auth = \"required\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].client_ca", "needs the CA bundle"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nclient_auth = \"optional\"\nclient_ca = \"nope.pem\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].client_ca", "PEM file of CA"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\n", "listener[0].certificate[0].client_ca", "client_auth is \"none\""),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\nclient_auth = \"required\"\nclient_ca = \"c.pem\"\n", "listener[0].certificate[1].client_auth", "listener[0].certificate[0] serves the same names"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();
@@ -669,6 +781,27 @@ names = ["example.com", "*.example.com"]
                 "{text:?} gave {e}, wanted {needle:?}"
             );
         }
+    }
+
+    #[test]
+    fn client_auth_is_inherited_from_the_listener_and_overridden_per_name() {
+        let text = "[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nclient_auth = \"required\"\nclient_ca = \"c.pem\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"b.test\"]\nclient_auth = \"none\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"c.test\"]\nclient_auth = \"optional\"\n";
+        let c = load_text(text).unwrap();
+        let l = &c.listeners[0];
+        assert_eq!(l.client_auth.mode, ClientAuthMode::Required);
+        assert!(l.client_auth.ca.as_ref().unwrap().is_absolute());
+        let Certificates::Files(f) = &l.certificates else {
+            panic!()
+        };
+        assert_eq!(f[0].client_auth, l.client_auth);
+        assert_eq!(f[1].client_auth, ClientAuth::none());
+        assert_eq!(f[2].client_auth.mode, ClientAuthMode::Optional);
+        assert_eq!(f[2].client_auth.ca, l.client_auth.ca);
+        // Messages about the bundle name the key where it was set.
+        assert_eq!(f[2].client_auth.ca_key, "listener[0].client_ca");
+        // Without the keys, nothing is asked of clients.
+        let plain = load_text(GOOD).unwrap();
+        assert_eq!(plain.listeners[0].client_auth, ClientAuth::none());
     }
 
     #[test]

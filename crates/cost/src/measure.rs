@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use tlsgate_bench::materials::{Materials, SERVER_NAME};
+use tlsgate_bench::materials::{Materials, MTLS_SERVER_NAME, SERVER_NAME};
 use tlsgate_bench::report::{median, Machine};
 use tlsgate_bench::runner::Job;
 use tlsgate_bench::scenario::handshake_kinds;
@@ -37,9 +37,15 @@ fn handshake_job(
     window: Window,
     opts: &BenchOptions,
 ) -> Job {
+    // The bench's tlsgate requires client certificates under its second name.
+    let server_name = if profile.client_identity.is_some() {
+        MTLS_SERVER_NAME
+    } else {
+        SERVER_NAME
+    };
     Job::Handshake(HandshakeJob {
         addr: t.addr(),
-        server_name: SERVER_NAME.into(),
+        server_name: server_name.into(),
         profile,
         path: path.into(),
         pacing: Pacing::Closed { concurrency },
@@ -105,7 +111,13 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         handshake_response_bytes: 0.0,
     };
     let mut response_bytes = Vec::new();
-    for profile in handshake_kinds() {
+    let kinds = handshake_kinds();
+    let with_client_certs = kinds.iter().map(|p| TlsProfile {
+        client_identity: Some(materials.client.clone()),
+        ..p.clone()
+    });
+    let all_kinds: Vec<TlsProfile> = kinds.iter().cloned().chain(with_client_certs).collect();
+    for profile in all_kinds {
         let label = profile.label();
         let cells = repeat(opts, &mut target, &label, |t| {
             handshake_job(
@@ -228,22 +240,31 @@ impl Validation {
 
 /// Runs workloads unlike the calibration's and compares the model's
 /// prediction with measurement: 1 KiB and 100 MiB per transaction, full and
-/// resumed, a TLS 1.2 1 MiB one and a ChaCha20 4 MiB one.
+/// resumed, a TLS 1.2 1 MiB one, a ChaCha20 4 MiB one and a 64 KiB one
+/// with client certificates.
 pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostError> {
     let big: u64 = if opts.quick { 8 << 20 } else { 100 << 20 };
     let aes = Cipher::Aes128Gcm;
-    let workloads: Vec<(u64, Version, bool, Cipher)> = vec![
-        (SMALL, Version::Tls13, false, aes),
-        (SMALL, Version::Tls13, true, aes),
-        (big, Version::Tls13, false, aes),
-        (big, Version::Tls13, true, aes),
-        (1 << 20, Version::Tls12, false, aes),
-        (4 << 20, Version::Tls13, false, Cipher::Chacha20Poly1305),
+    // (bytes, version, resumed, cipher, client certificate)
+    let workloads: Vec<(u64, Version, bool, Cipher, bool)> = vec![
+        (SMALL, Version::Tls13, false, aes, false),
+        (SMALL, Version::Tls13, true, aes, false),
+        (big, Version::Tls13, false, aes, false),
+        (big, Version::Tls13, true, aes, false),
+        (1 << 20, Version::Tls12, false, aes, false),
+        (
+            4 << 20,
+            Version::Tls13,
+            false,
+            Cipher::Chacha20Poly1305,
+            false,
+        ),
+        (64 << 10, Version::Tls13, false, aes, true),
     ];
     let materials = Materials::create()?;
     let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(big))?;
     let mut rows = Vec::new();
-    for (size, version, resumed, cipher) in workloads {
+    for (size, version, resumed, cipher, mtls) in workloads {
         let path = materials.file(size)?;
         let profile = TlsProfile {
             version,
@@ -251,7 +272,7 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
             cipher,
             group: Group::X25519,
             resume: resumed,
-            client_identity: None,
+            client_identity: mtls.then(|| materials.client.clone()),
         };
         let name = format!(
             "{} per txn, {} {}",
@@ -280,7 +301,7 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
                 rate: 1.0,
                 bytes: size as f64,
                 resumed: if resumed { 1.0 } else { 0.0 },
-                mtls: false,
+                mtls,
                 version,
                 key: KeyType::EcdsaP256,
                 cipher,

@@ -9,6 +9,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::time::{Duration, SystemTime};
 
 use tlsgate_config::{LogFormat, LogTarget};
+use tlsgate_tls::ClientIdentity;
 
 /// Lines waiting for the writer before new ones are dropped.
 const QUEUE: usize = 65_536;
@@ -39,6 +40,8 @@ pub struct Record<'a> {
     pub sni: Option<&'a str>,
     /// Negotiated TLS version.
     pub tls_version: Option<&'a str>,
+    /// The verified client certificate (mutual TLS), if any.
+    pub client: Option<&'a ClientIdentity>,
 }
 
 enum Msg {
@@ -192,10 +195,17 @@ fn combined(r: &Record<'_>) -> String {
     use std::fmt::Write as _;
     let t = time::OffsetDateTime::from(r.time);
     let mut s = String::with_capacity(160);
+    // The client certificate's name goes where the format has the
+    // authenticated user (as Apache's SSLUserName does), spaces escaped
+    // so that the line still splits into its fields.
+    let _ = write!(s, "{} - ", r.remote);
+    match r.client {
+        Some(c) => user_field(&mut s, c.short_name()),
+        None => s.push('-'),
+    }
     let _ = write!(
         s,
-        "{} - - [{:02}/{}/{}:{:02}:{:02}:{:02} +0000] \"",
-        r.remote,
+        " [{:02}/{}/{}:{:02}:{:02}:{:02} +0000] \"",
         t.day(),
         month_abbr(t.month()),
         t.year(),
@@ -212,6 +222,19 @@ fn combined(r: &Record<'_>) -> String {
     escaped(&mut s, r.user_agent.unwrap_or(b"-"));
     s.push_str("\"\n");
     s
+}
+
+/// An unquoted field: like [`escaped`], and spaces escaped too.
+fn user_field(out: &mut String, name: &str) {
+    if name.is_empty() {
+        out.push('-');
+    }
+    for (i, part) in name.split(' ').enumerate() {
+        if i > 0 {
+            out.push_str("\\x20");
+        }
+        escaped(out, part.as_bytes());
+    }
 }
 
 fn month_abbr(m: time::Month) -> &'static str {
@@ -248,6 +271,11 @@ fn json(r: &Record<'_>) -> String {
         "user_agent": r.user_agent.map(lossy),
         "sni": r.sni,
         "tls": r.tls_version,
+        "client": r.client.map(|c| serde_json::json!({
+            "subject": c.subject,
+            "sans": c.sans,
+            "sha256": c.sha256_hex(),
+        })),
     });
     let mut s = v.to_string();
     s.push('\n');
@@ -273,6 +301,7 @@ mod tests {
             duration: Duration::from_micros(1500),
             sni: Some("localhost"),
             tls_version: Some("TLSv1.3"),
+            client: None,
         }
     }
 
@@ -283,6 +312,32 @@ mod tests {
             line,
             "127.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a\\x22b HTTP/1.1\" 200 42 \"-\" \"curl/8\\x01\"\n"
         );
+    }
+
+    #[test]
+    fn client_certificate_name_is_the_user_field() {
+        let id = ClientIdentity {
+            subject: "CN=svc a,O=Example".into(),
+            common_name: Some("svc a\"".into()),
+            sans: vec!["DNS:a.internal".into()],
+            sha256: [0xab; 32],
+        };
+        let r = Record {
+            client: Some(&id),
+            ..rec()
+        };
+        let line = format(LogFormat::Combined, &r);
+        assert!(
+            line.starts_with("127.0.0.1 - svc\\x20a\\x22 [14/Nov/2023"),
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&format(LogFormat::Json, &r)).unwrap();
+        assert_eq!(v["client"]["subject"], "CN=svc a,O=Example");
+        assert_eq!(v["client"]["sans"][0], "DNS:a.internal");
+        assert_eq!(v["client"]["sha256"], "ab".repeat(32));
+        let plain: serde_json::Value =
+            serde_json::from_str(&format(LogFormat::Json, &rec())).unwrap();
+        assert!(plain["client"].is_null());
     }
 
     #[test]

@@ -109,6 +109,7 @@ pub(crate) async fn handle(
         shutdown: shared.shutdown.subscribe(),
         sni: tls.server_name().map(str::to_owned),
         tls_version: Some(version),
+        client: tlsgate_tls::ClientIdentity::of(tls),
     };
     http::serve(&mut conn, &mut cx).await;
 }

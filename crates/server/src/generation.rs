@@ -4,7 +4,7 @@
 
 use tlsgate_config::{Config, ConfigError};
 use tlsgate_files::{DocumentRoot, RootOptions};
-use tlsgate_tls::{LoadedCert, TlsContext};
+use tlsgate_tls::{ContextError, LoadedCert, TlsContext};
 
 use crate::tickets::TicketCache;
 use crate::StartError;
@@ -46,17 +46,19 @@ pub fn build(
     let key_ids = crate::keys::key_ids(&certs);
     let mut sites = Vec::with_capacity(config.listeners.len());
     for (l, certs) in config.listeners.iter().zip(certs) {
-        let mut tls = TlsContext::new(&config.tls, &certs).map_err(|e| {
-            ConfigError::new(
+        let mut tls = TlsContext::new(&config.tls, l, &certs).map_err(|e| match e {
+            ContextError::ClientCa(c) => ConfigError::new(
                 &origin,
-                "tls",
-                format!("cannot build the TLS configuration: {e}"),
-            )
+                c.key,
+                format!("{} ({})", c.problem, c.path.display()),
+            ),
+            other => ConfigError::new(&origin, "tls", other.to_string()),
         })?;
         if let Some(keys) = &ticket_keys {
-            // Bound to the listener: its tickets resume only on the listener
-            // at the same place in the configuration (here or on a fleet peer).
-            tls.set_ticketer(keys.for_listener(&l.key_path));
+            // Bound to the listener and its client certificate policy: its
+            // tickets resume only on the listener at the same place in the
+            // configuration (here or on a fleet peer), under the same policy.
+            tls.set_tickets(|tag| keys.for_listener(&format!("{}{tag}", l.key_path)));
         }
         let root = DocumentRoot::open(
             &l.root,

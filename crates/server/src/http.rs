@@ -39,6 +39,8 @@ pub(crate) struct HttpCtx<'a> {
     pub shutdown: watch::Receiver<bool>,
     pub sni: Option<String>,
     pub tls_version: Option<&'static str>,
+    /// The verified client certificate's identity (mutual TLS), if any.
+    pub client: Option<tlsgate_tls::ClientIdentity>,
 }
 
 /// How a connection ended; for the timeout metrics.
@@ -539,6 +541,7 @@ fn log_request(
         duration: elapsed,
         sni: cx.sni.as_deref(),
         tls_version: cx.tls_version,
+        client: cx.client.as_ref(),
     };
     if !cx
         .shared

@@ -240,6 +240,7 @@ mod tests {
             key: k,
             names: None,
             default: false,
+            client_auth: tlsgate_config::ClientAuth::none(),
         }
     }
 

@@ -70,11 +70,13 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
         }
     };
     let sni = accepted.client_hello().server_name().map(str::to_owned);
-    if !ctx.serves(sni.as_deref()) {
+    // The name decides the certificate and whether a client certificate
+    // is asked for (mutual TLS per name).
+    let Some(config) = ctx.config_for(sni.as_deref()) else {
         send_now(&sock, &ALERT_UNRECOGNIZED_NAME);
         return Err(HandshakeError::UnrecognizedName(sni));
-    }
-    let tls = match accepted.into_connection(ctx.server_config().clone()) {
+    };
+    let tls = match accepted.into_connection(config.clone()) {
         Ok(c) => c,
         Err((e, mut alert)) => {
             let _ = alert.write(&mut SyncIo(&sock));

@@ -1,23 +1,83 @@
-//! Building the rustls `ServerConfig` of a listener from the validated
-//! policy: versions, server-ordered suites and groups, ALPN, session cache.
+//! Building the rustls `ServerConfig`s of a listener from the validated
+//! policy: versions, server-ordered suites and groups, ALPN, session cache,
+//! and one config per client certificate policy of its names.
 
 use std::sync::Arc;
 
 use rustls::crypto::aws_lc_rs::{cipher_suite as cs, default_provider, kx_group};
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache};
 use rustls::{ServerConfig, SupportedCipherSuite};
-use tlsgate_config::{CipherSuite, KxGroup, TlsPolicy, TlsVersion};
+use tlsgate_config::{
+    Certificates, CipherSuite, ClientAuth, KxGroup, Listener, TlsPolicy, TlsVersion,
+};
 
 use crate::certs::LoadedCert;
+use crate::client_auth;
+use crate::error::CertError;
 use crate::resolver::CertStore;
 
 /// What a listener needs to accept TLS: the rustls config and the
 /// certificate index (consulted before the handshake for SNI policy).
 #[derive(Debug, Clone)]
 pub struct TlsContext {
-    config: Arc<ServerConfig>,
+    /// One per distinct client certificate policy; never empty.
+    configs: Vec<AuthConfig>,
     store: Arc<CertStore>,
+}
+
+/// A listener's TLS configuration cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContextError {
+    /// A client CA bundle is unusable (names its config key and file).
+    #[error(transparent)]
+    ClientCa(#[from] CertError),
+    /// rustls refused the combination of versions and suites.
+    #[error("cannot build the TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+}
+
+/// The rustls config of one client certificate policy of a listener.
+fn server_config(
+    policy: &TlsPolicy,
+    provider: &Arc<CryptoProvider>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    store: &Arc<CertStore>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let versions: Vec<&'static rustls::SupportedProtocolVersion> = policy
+        .versions
+        .iter()
+        .map(|v| match v {
+            TlsVersion::Tls12 => &rustls::version::TLS12,
+            TlsVersion::Tls13 => &rustls::version::TLS13,
+        })
+        .collect();
+    let builder =
+        ServerConfig::builder_with_provider(provider.clone()).with_protocol_versions(&versions)?;
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(store.clone());
+    // The server's order decides (clients often prefer weaker suites).
+    config.ignore_client_order = true;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Each policy has its own TLS 1.2 session-ID cache: a session never
+    // resumes under another policy.
+    config.session_storage = if policy.session_cache_size == 0 {
+        Arc::new(NoServerSessionStorage {})
+    } else {
+        ServerSessionMemoryCache::new(policy.session_cache_size)
+    };
+    // Tickets (set by `set_tickets`) or, without them, the session
+    // cache above. rustls only resumes TLS 1.3 with a fresh (EC)DHE
+    // exchange (psk_dhe_ke), and never takes 0-RTT data with stateless
+    // tickets; max_early_data_size = 0 refuses it in every case.
+    config.send_tls13_tickets = policy.tickets.tls13_count;
+    config.max_early_data_size = 0;
+    Ok(Arc::new(config))
 }
 
 fn suite(s: CipherSuite) -> SupportedCipherSuite {
@@ -47,61 +107,106 @@ fn group(g: KxGroup) -> &'static dyn rustls::crypto::SupportedKxGroup {
     }
 }
 
+/// One client certificate policy of a listener and the rustls config
+/// that applies it.
+#[derive(Debug, Clone)]
+struct AuthConfig {
+    config: Arc<ServerConfig>,
+    /// Appended to the listener's ticket context: empty without client
+    /// certificates, else the mode and the CA bundle's hash.
+    ticket_tag: String,
+}
+
 impl TlsContext {
-    /// Builds the context of one listener.
-    pub fn new(policy: &TlsPolicy, certs: &[LoadedCert]) -> Result<Self, rustls::Error> {
-        let provider = CryptoProvider {
+    /// Builds the context of one listener from its loaded certificates
+    /// (in the order of `listener.certificates`).
+    ///
+    /// Each distinct client certificate policy gets its own rustls
+    /// `ServerConfig`; the one of the client's SNI is chosen after the
+    /// ClientHello is read, before any cryptography.
+    pub fn new(
+        policy: &TlsPolicy,
+        listener: &Listener,
+        certs: &[LoadedCert],
+    ) -> Result<Self, ContextError> {
+        let provider = Arc::new(CryptoProvider {
             cipher_suites: policy.cipher_suites.iter().map(|s| suite(*s)).collect(),
             kx_groups: policy.kx_groups.iter().map(|g| group(*g)).collect(),
             ..default_provider()
+        });
+        // The policy of each certificate, and the distinct ones.
+        let per_cert: Vec<&ClientAuth> = match &listener.certificates {
+            Certificates::Files(files) if files.len() == certs.len() => {
+                files.iter().map(|f| &f.client_auth).collect()
+            }
+            _ => vec![&listener.client_auth; certs.len()],
         };
-        let versions: Vec<&'static rustls::SupportedProtocolVersion> = policy
-            .versions
+        let mut distinct: Vec<&ClientAuth> = Vec::new();
+        let index: Vec<usize> = per_cert
             .iter()
-            .map(|v| match v {
-                TlsVersion::Tls12 => &rustls::version::TLS12,
-                TlsVersion::Tls13 => &rustls::version::TLS13,
+            .map(|a| {
+                distinct.iter().position(|d| d == a).unwrap_or_else(|| {
+                    distinct.push(a);
+                    distinct.len() - 1
+                })
             })
             .collect();
-        let store = Arc::new(CertStore::new(certs, policy.unknown_sni));
-        let mut config = ServerConfig::builder_with_provider(Arc::new(provider))
-            .with_protocol_versions(&versions)?
-            .with_no_client_auth()
-            .with_cert_resolver(store.clone());
-        // The server's order decides (clients often prefer weaker suites).
-        config.ignore_client_order = true;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        config.session_storage = if policy.session_cache_size == 0 {
-            Arc::new(NoServerSessionStorage {})
-        } else {
-            ServerSessionMemoryCache::new(policy.session_cache_size)
-        };
-        // Tickets (set by `set_ticketer`) or, without them, the session
-        // cache above. rustls only resumes TLS 1.3 with a fresh (EC)DHE
-        // exchange (psk_dhe_ke), and never takes 0-RTT data with stateless
-        // tickets; max_early_data_size = 0 refuses it in every case.
-        config.send_tls13_tickets = policy.tickets.tls13_count;
-        config.max_early_data_size = 0;
-        Ok(Self {
-            config: Arc::new(config),
-            store,
-        })
+        if distinct.is_empty() {
+            distinct.push(&listener.client_auth);
+        }
+        let store = Arc::new(CertStore::new(certs, &index, policy.unknown_sni));
+        let configs = distinct
+            .iter()
+            .map(|auth| {
+                let verifier = client_auth::verifier(auth, &provider)?;
+                let ticket_tag = match &verifier {
+                    None => String::new(),
+                    Some(v) => format!(
+                        "|client_auth={}|ca={}",
+                        auth.mode.as_str(),
+                        v.bundle_sha256[..16]
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<String>()
+                    ),
+                };
+                let config =
+                    server_config(policy, &provider, verifier.map(|v| v.verifier), &store)?;
+                Ok(AuthConfig { config, ticket_tag })
+            })
+            .collect::<Result<Vec<_>, ContextError>>()?;
+        Ok(Self { configs, store })
     }
 
-    /// Issues and accepts session tickets with `ticketer` (TLS 1.2 RFC 5077
-    /// tickets, TLS 1.3 stateless tickets), e.g. [`TicketKeys::for_listener`](crate::TicketKeys::for_listener).
-    pub fn set_ticketer(&mut self, ticketer: Arc<dyn ProducesTickets>) {
-        // Not yet shared: make_mut does not copy.
-        Arc::make_mut(&mut self.config).ticketer = ticketer;
+    /// Issues and accepts session tickets (TLS 1.2 RFC 5077 tickets, TLS
+    /// 1.3 stateless tickets) with the ticketer `make(tag)` returns, e.g.
+    /// [`TicketKeys::for_listener`](crate::TicketKeys::for_listener) of the
+    /// listener's key path followed by `tag`. The tag is empty without
+    /// client certificates and names the policy otherwise, so a ticket
+    /// never resumes under a stricter policy than the one that issued it.
+    pub fn set_tickets(&mut self, make: impl Fn(&str) -> Arc<dyn ProducesTickets>) {
+        for c in &mut self.configs {
+            // Not yet shared: make_mut does not copy.
+            Arc::make_mut(&mut c.config).ticketer = make(&c.ticket_tag);
+        }
     }
 
-    /// The rustls configuration.
+    /// The rustls configuration for a client with this SNI, or `None`
+    /// when the client is not served (no certificate, no default).
+    pub fn config_for(&self, sni: Option<&str>) -> Option<&Arc<ServerConfig>> {
+        let slot = self.store.lookup(sni)?;
+        self.configs.get(slot.client_auth()).map(|c| &c.config)
+    }
+
+    /// The rustls configuration of the listener's default policy (the
+    /// first certificate's).
     pub fn server_config(&self) -> &Arc<ServerConfig> {
-        &self.config
+        // `new` always makes at least one.
+        &self.configs[0].config
     }
 
     /// Whether a client with this SNI is served (a certificate or the default).
     pub fn serves(&self, sni: Option<&str>) -> bool {
-        self.store.lookup(sni).is_some()
+        self.config_for(sni).is_some()
     }
 }

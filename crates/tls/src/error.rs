@@ -61,7 +61,10 @@ impl HandshakeError {
                 E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => {
                     "unexpected_message"
                 }
-                E::InvalidCertificate(_) | E::NoCertificatesPresented => "client_certificate",
+                // Mutual TLS: the client's certificate was refused, or a
+                // required one was not sent.
+                E::InvalidCertificate(_) => "client_certificate_invalid",
+                E::NoCertificatesPresented => "client_certificate_missing",
                 E::Other(o) if o.0.downcast_ref::<crate::KeyUnavailable>().is_some() => {
                     "key_unavailable"
                 }

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod certs;
+pub mod client_auth;
 mod conn;
 mod context;
 pub mod error;
@@ -16,8 +17,9 @@ pub mod resolver;
 pub mod tickets;
 
 pub use certs::{load, load_all, self_signed, LoadedCert, SelfSigned, SelfSignedCache};
+pub use client_auth::ClientIdentity;
 pub use conn::{accept, TlsConnection};
-pub use context::TlsContext;
+pub use context::{ContextError, TlsContext};
 pub use error::{CertError, HandshakeError};
 pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
 pub use rustls;

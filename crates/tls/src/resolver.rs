@@ -12,15 +12,25 @@ use tlsgate_config::UnknownSni;
 use crate::certs::LoadedCert;
 
 /// The certificates that answer for one name: ECDSA first, then the rest
-/// (RSA, Ed25519) in configuration order.
+/// (RSA, Ed25519) in configuration order, and the name's client
+/// certificate policy (an index into the listener's policies).
 #[derive(Debug, Default, Clone)]
 pub struct NameSlot {
     ecdsa: Option<Arc<CertifiedKey>>,
     others: Vec<Arc<CertifiedKey>>,
+    client_auth: usize,
 }
 
 impl NameSlot {
-    fn add(&mut self, ck: &Arc<CertifiedKey>) {
+    /// Which of the listener's client certificate policies applies.
+    pub fn client_auth(&self) -> usize {
+        self.client_auth
+    }
+
+    fn add(&mut self, ck: &Arc<CertifiedKey>, client_auth: usize) {
+        if self.ecdsa.is_none() && self.others.is_empty() {
+            self.client_auth = client_auth;
+        }
         if ck.key.algorithm() == SignatureAlgorithm::ECDSA && self.ecdsa.is_none() {
             self.ecdsa = Some(ck.clone());
         } else {
@@ -51,27 +61,35 @@ pub struct CertStore {
 }
 
 impl CertStore {
-    /// Indexes `certs`; with `UnknownSni::Reject` no default is kept.
-    pub fn new(certs: &[LoadedCert], unknown_sni: UnknownSni) -> Self {
+    /// Indexes `certs`, the `i`th under client certificate policy
+    /// `client_auth[i]` (0 when missing); with `UnknownSni::Reject` no
+    /// default is kept.
+    pub fn new(certs: &[LoadedCert], client_auth: &[usize], unknown_sni: UnknownSni) -> Self {
         let mut exact: HashMap<String, NameSlot> = HashMap::new();
         let mut wildcard: HashMap<String, NameSlot> = HashMap::new();
         let mut default: Option<NameSlot> = None;
-        for c in certs {
+        let auth = |i: usize| client_auth.get(i).copied().unwrap_or(0);
+        for (i, c) in certs.iter().enumerate() {
             for name in &c.names {
                 match name.strip_prefix("*.") {
                     Some(suffix) => wildcard
                         .entry(suffix.to_string())
                         .or_default()
-                        .add(&c.certified),
-                    None => exact.entry(name.clone()).or_default().add(&c.certified),
+                        .add(&c.certified, auth(i)),
+                    None => exact
+                        .entry(name.clone())
+                        .or_default()
+                        .add(&c.certified, auth(i)),
                 }
             }
             if c.default && unknown_sni == UnknownSni::UseDefault {
                 // The default may have an RSA twin under the same names.
                 let mut slot = NameSlot::default();
-                slot.add(&c.certified);
-                for other in certs.iter().filter(|o| !o.default && o.names == c.names) {
-                    slot.add(&other.certified);
+                slot.add(&c.certified, auth(i));
+                for (j, other) in certs.iter().enumerate() {
+                    if !other.default && other.names == c.names {
+                        slot.add(&other.certified, auth(j));
+                    }
                 }
                 default = Some(slot);
             }
@@ -135,7 +153,7 @@ mod tests {
     fn exact_then_wildcard_then_default() {
         let a = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
         let w = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["*.example"], false);
-        let store = CertStore::new(&[a.clone(), w.clone()], UnknownSni::UseDefault);
+        let store = CertStore::new(&[a.clone(), w.clone()], &[], UnknownSni::UseDefault);
         let pick = |sni| store.lookup(sni).unwrap().choose(ECDSA_AND_RSA).unwrap();
         assert!(Arc::ptr_eq(&pick(Some("a.example")), &a.certified));
         assert!(Arc::ptr_eq(&pick(Some("A.Example.")), &a.certified));
@@ -145,7 +163,7 @@ mod tests {
         assert!(Arc::ptr_eq(&pick(Some("example")), &a.certified));
         assert!(Arc::ptr_eq(&pick(None), &a.certified));
 
-        let strict = CertStore::new(&[a, w], UnknownSni::Reject);
+        let strict = CertStore::new(&[a, w], &[], UnknownSni::Reject);
         assert!(strict.lookup(Some("other.test")).is_none());
         assert!(strict.lookup(None).is_none());
         assert!(strict.lookup(Some("b.example")).is_some());
@@ -155,7 +173,7 @@ mod tests {
     fn ecdsa_preferred_rsa_when_client_cannot_verify_ecdsa() {
         let e = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
         let r = cert(&rcgen::PKCS_RSA_SHA256, &["a.example"], false);
-        let store = CertStore::new(&[r.clone(), e.clone()], UnknownSni::UseDefault);
+        let store = CertStore::new(&[r.clone(), e.clone()], &[], UnknownSni::UseDefault);
         let slot = store.lookup(Some("a.example")).unwrap();
         assert!(Arc::ptr_eq(
             &slot.choose(ECDSA_AND_RSA).unwrap(),

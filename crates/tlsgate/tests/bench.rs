@@ -163,16 +163,39 @@ fn cost_model_calibrates_predicts_and_validates() {
     );
     assert!(text.contains("cores needed"), "{text}");
 
-    // An uncalibrated kind is refused with exit 2, naming it.
+    // Client certificates are calibrated kinds of their own.
+    let mtls = Command::new(bin())
+        .args([
+            "cost", "predict", "--rate", "100", "--bytes", "1k", "--mtls", "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&mtls.stdout);
+    assert!(mtls.status.success(), "{text}");
+    assert!(
+        text.contains("workload:") && text.contains("mTLS"),
+        "{text}"
+    );
+
+    // A workload out of range is refused with exit 2, naming the problem.
     let bad = Command::new(bin())
         .args([
-            "cost", "predict", "--rate", "1", "--bytes", "1", "--mtls", "--model",
+            "cost",
+            "predict",
+            "--rate",
+            "1",
+            "--bytes",
+            "1",
+            "--resumed",
+            "1.5",
+            "--model",
         ])
         .arg(&model)
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("mTLS"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("resumed"));
 
     // Quick validation: the table is complete; the error is reported, not
     // asserted (a quick calibration is too short to be accurate).
@@ -200,9 +223,10 @@ fn cost_model_calibrates_predicts_and_validates() {
             .filter(|l| l.starts_with("| 1k per txn")
                 || l.starts_with("| 8m per txn")
                 || l.starts_with("| 1m per txn")
-                || l.starts_with("| 4m per txn"))
+                || l.starts_with("| 4m per txn")
+                || l.starts_with("| 64k per txn"))
             .count(),
-        6,
+        7,
         "{table}"
     );
     assert!(table.contains("worst error:"), "{table}");
