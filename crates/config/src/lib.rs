@@ -342,7 +342,9 @@ impl ClientAuthMode {
 }
 
 /// Client certificate policy of one server name (or a whole listener).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Two are equal when they ask the same of clients (mode and bundle),
+/// wherever in the file they were written.
+#[derive(Debug, Clone, Eq)]
 pub struct ClientAuth {
     /// None, optional or required.
     pub mode: ClientAuthMode,
@@ -350,6 +352,12 @@ pub struct ClientAuth {
     pub ca: Option<PathBuf>,
     /// Config key of `client_ca`, for messages about the bundle's contents.
     pub ca_key: String,
+}
+
+impl PartialEq for ClientAuth {
+    fn eq(&self, other: &Self) -> bool {
+        self.mode == other.mode && self.ca == other.ca
+    }
 }
 
 impl ClientAuth {

@@ -799,6 +799,13 @@ names = ["example.com", "*.example.com"]
         assert_eq!(f[2].client_auth.ca, l.client_auth.ca);
         // Messages about the bundle name the key where it was set.
         assert_eq!(f[2].client_auth.ca_key, "listener[0].client_ca");
+        // The same policy written twice is one policy.
+        let twice = "[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\nclient_auth = \"required\"\nclient_ca = \"c.pem\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\nclient_auth = \"required\"\nclient_ca = \"c.pem\"\n";
+        let c = load_text(twice).unwrap();
+        let Certificates::Files(f) = &c.listeners[0].certificates else {
+            panic!()
+        };
+        assert_eq!(f[0].client_auth, f[1].client_auth);
         // Without the keys, nothing is asked of clients.
         let plain = load_text(GOOD).unwrap();
         assert_eq!(plain.listeners[0].client_auth, ClientAuth::none());
