@@ -17,4 +17,4 @@ mod measure;
 mod model;
 
 pub use measure::{calibrate, validate, Validation, ValidationRow};
-pub use model::{CostError, Model, Prediction, Workload};
+pub use model::{BytePoint, CostError, Model, Prediction, Workload};

@@ -11,23 +11,30 @@ use tlsgate_bench::scenario::handshake_kinds;
 use tlsgate_bench::{BenchOptions, Cell, Runner, Target, TargetKind};
 use tlsgate_loadgen::{Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, Version, Window};
 
-use crate::model::{cipher_name, CostError, Model, Workload};
+use crate::model::{cipher_name, BytePoint, CostError, Model, Workload};
 
+/// The response of the handshake measurements.
 const SMALL: u64 = 1 << 10;
-/// Bytes of a connection at the ramp's cost: about where TCP's send
-/// buffer has grown on loopback (see docs/bench.md).
+/// From this size on a transaction is big: few in flight, a long window,
+/// counted by the bytes that arrived.
 const RAMP: u64 = 1 << 20;
-/// The bulk transaction: larger than the last-level cache, so the file's
-/// pages come from memory as they do for a large working set.
-fn bulk(quick: bool) -> u64 {
+
+/// The sizes the byte curve is calibrated at, a factor of 4 apart: a new
+/// connection's ramp (TCP's send buffer grows through the first
+/// megabyte), then sizes that fit the CPU caches and sizes that do not.
+/// `validate` runs sizes between these points, never on one.
+fn curve_sizes(quick: bool) -> Vec<u64> {
     if quick {
-        8 << 20
+        vec![256 << 10, 1 << 20, 16 << 20]
     } else {
-        64 << 20
+        vec![256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
     }
 }
-/// Big transactions in flight at once: few, so each moves many bytes.
-const BIG_CONCURRENCY: usize = 4;
+/// Big transactions in flight at once: enough that the handshakes' round
+/// trips leave the server no idle gaps (with 4, a 2 MiB workload kept it
+/// only ~65 % busy, and idle wake-ups were measured as cost), few enough
+/// that each moves many bytes.
+const BIG_CONCURRENCY: usize = 16;
 
 fn handshake_job(
     t: &Target,
@@ -54,19 +61,41 @@ fn handshake_job(
     })
 }
 
-fn repeat(
+/// One measured case: its name and the job that measures it once.
+struct Case<'a> {
+    name: String,
+    job: Box<dyn Fn(&Target) -> Job + 'a>,
+}
+
+/// Measures every case `opts.repeats` times, interleaved (each repeat
+/// runs every case once, in turn), so that a slow spell of a shared
+/// machine lands on one repeat of many cases, which the median drops,
+/// rather than on every repeat of one case. The cells of each case, in
+/// the order of `cases`.
+fn interleaved(
     opts: &BenchOptions,
     t: &mut Target,
-    case: &str,
-    job: impl Fn(&Target) -> Job,
-) -> Result<Vec<Cell>, CostError> {
-    let mut cells = Vec::new();
+    cases: &[Case<'_>],
+) -> Result<Vec<Vec<Cell>>, CostError> {
+    let mut cells: Vec<Vec<Cell>> = cases.iter().map(|_| Vec::new()).collect();
     for r in 0..opts.repeats {
-        tracing::info!("cost: {case} [{}/{}]", r + 1, opts.repeats);
-        let j = job(t);
-        cells.push(Runner::measure(t, "cost", case, r, j)?);
+        for (case, out) in cases.iter().zip(cells.iter_mut()) {
+            tracing::info!("cost: {} [{}/{}]", case.name, r + 1, opts.repeats);
+            let j = (case.job)(t);
+            out.push(Runner::measure(t, "cost", &case.name, r, j)?);
+        }
     }
     Ok(cells)
+}
+
+/// Big transactions: few in flight, and a window that holds many.
+/// Calibration and validation measure each size alike.
+fn shape(size: u64, opts: &BenchOptions) -> (usize, Window) {
+    if size >= RAMP {
+        (BIG_CONCURRENCY, big_window(opts))
+    } else {
+        (opts.handshake_concurrency, opts.window())
+    }
 }
 
 /// A window that holds many big transactions.
@@ -92,11 +121,10 @@ fn transactions(c: &Cell, size: u64) -> f64 {
 /// Measures the model's coefficients on this machine against tlsgate.
 pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
     let materials = Materials::create()?;
-    let bulk_size = bulk(opts.quick);
+    let sizes = curve_sizes(opts.quick);
+    let largest = sizes.iter().copied().max().unwrap_or(SMALL);
     let small = materials.file(SMALL)?;
-    let ramp = materials.file(RAMP)?;
-    let bulk = materials.file(bulk_size)?;
-    let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(bulk_size))?;
+    let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(largest))?;
     let mut model = Model {
         machine: {
             let m = Machine::detect(String::new());
@@ -105,32 +133,35 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         date: Machine::detect(String::new()).date,
         server: target.version().to_string(),
         handshake_us: Default::default(),
-        byte_ns: Default::default(),
-        ramp_byte_ns: Default::default(),
-        ramp_bytes: 0.0,
+        byte_curve: Default::default(),
         handshake_response_bytes: 0.0,
     };
-    let mut response_bytes = Vec::new();
     let kinds = handshake_kinds();
     let with_client_certs = kinds.iter().map(|p| TlsProfile {
         client_identity: Some(materials.client.clone()),
         ..p.clone()
     });
     let all_kinds: Vec<TlsProfile> = kinds.iter().cloned().chain(with_client_certs).collect();
-    for profile in all_kinds {
-        let label = profile.label();
-        let cells = repeat(opts, &mut target, &label, |t| {
-            handshake_job(
-                t,
-                profile.clone(),
-                &small,
-                opts.handshake_concurrency,
-                opts.window(),
-                opts,
-            )
-        })?;
+    let cases: Vec<Case<'_>> = all_kinds
+        .iter()
+        .map(|profile| Case {
+            name: profile.label(),
+            job: Box::new(|t: &Target| {
+                handshake_job(
+                    t,
+                    profile.clone(),
+                    &small,
+                    opts.handshake_concurrency,
+                    opts.window(),
+                    opts,
+                )
+            }),
+        })
+        .collect();
+    let mut response_bytes = Vec::new();
+    for (case, cells) in cases.iter().zip(interleaved(opts, &mut target, &cases)?) {
         model.handshake_us.insert(
-            label,
+            case.name.clone(),
             median(cells.iter().map(|c| c.server_cpu_us_per_op).collect()),
         );
         response_bytes.extend(
@@ -140,50 +171,67 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         );
     }
     model.handshake_response_bytes = median(response_bytes);
-    // Bytes: new connections (full TLS 1.3 ECDSA handshakes) fetching 1 KiB,
-    // RAMP and the bulk size; the slopes between them are the two byte
-    // coefficients, so the connection's own cost cancels out.
-    model.ramp_bytes = RAMP as f64;
-    for cipher in [
+    // Bytes: new connections (full TLS 1.3 ECDSA handshakes) fetching the
+    // small response and each curve size; the difference to the small one
+    // is the size's byte term, so the connection's own cost cancels out.
+    let ciphers = [
         Cipher::Aes128Gcm,
         Cipher::Aes256Gcm,
         Cipher::Chacha20Poly1305,
-    ] {
-        let profile = TlsProfile {
-            cipher,
-            ..TlsProfile::tls13_ecdsa()
-        };
-        let name = cipher_name(cipher);
-        let mut per_txn = Vec::new();
-        for (size, path) in [(SMALL, &small), (RAMP, &ramp), (bulk_size, &bulk)] {
-            let case = format!(
-                "{name} {} per txn",
-                tlsgate_bench::materials::size_name(size)
-            );
-            let cells = repeat(opts, &mut target, &case, |t| {
-                handshake_job(
-                    t,
-                    profile.clone(),
-                    path,
-                    BIG_CONCURRENCY,
-                    big_window(opts),
-                    opts,
-                )
-            })?;
-            per_txn.push(median(
+    ];
+    let all_sizes: Vec<u64> = std::iter::once(SMALL).chain(sizes.iter().copied()).collect();
+    let mut plan = Vec::new();
+    for cipher in ciphers {
+        for &size in &all_sizes {
+            plan.push((cipher, size, materials.file(size)?));
+        }
+    }
+    let cases: Vec<Case<'_>> = plan
+        .iter()
+        .map(|(cipher, size, path)| {
+            let profile = TlsProfile {
+                cipher: *cipher,
+                ..TlsProfile::tls13_ecdsa()
+            };
+            let (concurrency, window) = shape(*size, opts);
+            Case {
+                name: format!(
+                    "{} {} per txn",
+                    cipher_name(*cipher),
+                    tlsgate_bench::materials::size_name(*size)
+                ),
+                job: Box::new(move |t: &Target| {
+                    handshake_job(t, profile.clone(), path, concurrency, window, opts)
+                }),
+            }
+        })
+        .collect();
+    let measured = interleaved(opts, &mut target, &cases)?;
+    let per_txn_ns: Vec<f64> = plan
+        .iter()
+        .zip(&measured)
+        .map(|((_, size, _), cells)| {
+            median(
                 cells
                     .iter()
-                    .map(|c| c.server_cpu_secs * 1e9 / transactions(c, size).max(1e-9))
+                    .map(|c| c.server_cpu_secs * 1e9 / transactions(c, *size).max(1e-9))
                     .collect(),
-            ));
-        }
-        let (small_ns, ramp_ns, bulk_ns) = (per_txn[0], per_txn[1], per_txn[2]);
-        model
-            .ramp_byte_ns
-            .insert(name.into(), (ramp_ns - small_ns) / (RAMP - SMALL) as f64);
-        model
-            .byte_ns
-            .insert(name.into(), (bulk_ns - ramp_ns) / (bulk_size - RAMP) as f64);
+            )
+        })
+        .collect();
+    for (i, cipher) in ciphers.iter().enumerate() {
+        let row = &per_txn_ns[i * all_sizes.len()..(i + 1) * all_sizes.len()];
+        let base = row[0];
+        let curve = all_sizes
+            .iter()
+            .zip(row)
+            .skip(1)
+            .map(|(size, ns)| BytePoint {
+                bytes: (size - SMALL) as f64,
+                ns: (ns - base).max(0.0),
+            })
+            .collect();
+        model.byte_curve.insert(cipher_name(*cipher).into(), curve);
     }
     Ok(model)
 }
@@ -240,7 +288,7 @@ impl Validation {
 
 /// Runs workloads unlike the calibration's and compares the model's
 /// prediction with measurement: 1 KiB and 100 MiB per transaction, full and
-/// resumed, a TLS 1.2 1 MiB one, a ChaCha20 4 MiB one and a 64 KiB one
+/// resumed, a TLS 1.2 2 MiB one, a ChaCha20 8 MiB one and a 64 KiB one
 /// with client certificates.
 pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostError> {
     let big: u64 = if opts.quick { 8 << 20 } else { 100 << 20 };
@@ -251,9 +299,9 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
         (SMALL, Version::Tls13, true, aes, false),
         (big, Version::Tls13, false, aes, false),
         (big, Version::Tls13, true, aes, false),
-        (1 << 20, Version::Tls12, false, aes, false),
+        (2 << 20, Version::Tls12, false, aes, false),
         (
-            4 << 20,
+            8 << 20,
             Version::Tls13,
             false,
             Cipher::Chacha20Poly1305,
@@ -263,9 +311,8 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
     ];
     let materials = Materials::create()?;
     let mut target = Target::start(TargetKind::Tlsgate, &materials, &opts.settings(big))?;
-    let mut rows = Vec::new();
+    let mut plan = Vec::new();
     for (size, version, resumed, cipher, mtls) in workloads {
-        let path = materials.file(size)?;
         let profile = TlsProfile {
             version,
             key: KeyType::EcdsaP256,
@@ -274,22 +321,29 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
             resume: resumed,
             client_identity: mtls.then(|| materials.client.clone()),
         };
-        let name = format!(
-            "{} per txn, {} {}",
-            tlsgate_bench::materials::size_name(size),
-            profile.label(),
-            cipher_name(cipher)
-        );
-        // Big transactions: few in flight, and a window that holds many.
-        let (concurrency, window) = if size >= RAMP {
-            (BIG_CONCURRENCY, big_window(opts))
-        } else {
-            (opts.handshake_concurrency, opts.window())
-        };
-        let cells = repeat(opts, &mut target, &name, |t| {
-            handshake_job(t, profile.clone(), &path, concurrency, window, opts)
-        })?;
-        let txn = |c: &Cell| transactions(c, size);
+        plan.push((size, profile, materials.file(size)?));
+    }
+    let cases: Vec<Case<'_>> = plan
+        .iter()
+        .map(|(size, profile, path)| {
+            let (concurrency, window) = shape(*size, opts);
+            Case {
+                name: format!(
+                    "{} per txn, {} {}",
+                    tlsgate_bench::materials::size_name(*size),
+                    profile.label(),
+                    cipher_name(profile.cipher)
+                ),
+                job: Box::new(move |t: &Target| {
+                    handshake_job(t, profile.clone(), path, concurrency, window, opts)
+                }),
+            }
+        })
+        .collect();
+    let measured = interleaved(opts, &mut target, &cases)?;
+    let mut rows = Vec::new();
+    for (((size, profile, _), case), cells) in plan.iter().zip(&cases).zip(measured) {
+        let txn = |c: &Cell| transactions(c, *size);
         let measured = median(
             cells
                 .iter()
@@ -299,16 +353,16 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
         let predicted = model
             .predict(&Workload {
                 rate: 1.0,
-                bytes: size as f64,
-                resumed: if resumed { 1.0 } else { 0.0 },
-                mtls,
-                version,
+                bytes: *size as f64,
+                resumed: if profile.resume { 1.0 } else { 0.0 },
+                mtls: profile.client_identity.is_some(),
+                version: profile.version,
                 key: KeyType::EcdsaP256,
-                cipher,
+                cipher: profile.cipher,
             })?
             .max_tps_per_core;
         rows.push(ValidationRow {
-            workload: name,
+            workload: case.name.clone(),
             predicted_tps_per_core: predicted,
             measured_tps_per_core: measured,
             measured_tps: median(cells.iter().map(|c| txn(c) / c.load.window_secs).collect()),

@@ -42,20 +42,49 @@ pub struct Model {
     /// Server CPU per connection (handshake + small request + close), µs,
     /// by handshake kind label ("TLS1.3 ECDSA full", "… mTLS").
     pub handshake_us: BTreeMap<String, f64>,
-    /// Server CPU per response byte past the first [`ramp_bytes`](Self::ramp_bytes)
-    /// of a connection (bulk), ns, by cipher name.
-    pub byte_ns: BTreeMap<String, f64>,
-    /// Server CPU per byte of the first `ramp_bytes` of a connection, ns, by
-    /// cipher name: TCP's send buffer is still small, so each wake-up moves
-    /// fewer bytes.
-    #[serde(default)]
-    pub ramp_byte_ns: BTreeMap<String, f64>,
-    /// How many bytes of each connection cost `ramp_byte_ns`.
-    #[serde(default)]
-    pub ramp_bytes: f64,
-    /// Response bytes included in each handshake measurement (subtracted
-    /// with the byte term so it is not counted twice).
+    /// The byte term by cipher name: the server CPU a transaction of
+    /// `bytes` response bytes costs beyond one of the handshake
+    /// measurement's small response, at calibrated sizes (ascending).
+    /// Between them the term is interpolated linearly, past the last one
+    /// extrapolated with the last segment's slope. Measured, the cost per
+    /// byte is not constant: a new connection's first megabyte moves while
+    /// TCP's send buffer grows, and large files leave the CPU caches.
+    pub byte_curve: BTreeMap<String, Vec<BytePoint>>,
+    /// Response bytes included in each handshake measurement (where the
+    /// byte term starts).
     pub handshake_response_bytes: f64,
+}
+
+/// One calibrated point of a byte curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BytePoint {
+    /// Response bytes per transaction beyond the small response.
+    pub bytes: f64,
+    /// Server CPU of those bytes, ns (the transaction's CPU less that of a
+    /// transaction with the small response).
+    pub ns: f64,
+}
+
+/// The byte term of `bytes` on `curve` (µs), and the segment used.
+fn byte_term(curve: &[BytePoint], bytes: f64) -> (f64, BytePoint, BytePoint) {
+    let origin = BytePoint {
+        bytes: 0.0,
+        ns: 0.0,
+    };
+    let points: Vec<BytePoint> = std::iter::once(origin)
+        .chain(curve.iter().copied().filter(|p| p.bytes > 0.0))
+        .collect();
+    // The segment that holds `bytes`, or the last one past the end.
+    let i = points
+        .windows(2)
+        .position(|w| bytes <= w[1].bytes)
+        .unwrap_or(points.len().saturating_sub(2));
+    let (a, b) = match (points.get(i), points.get(i + 1)) {
+        (Some(a), Some(b)) => (*a, *b),
+        _ => return (0.0, origin, origin),
+    };
+    let slope = (b.ns - a.ns) / (b.bytes - a.bytes).max(1.0);
+    ((a.ns + (bytes - a.bytes) * slope).max(0.0) / 1e3, a, b)
 }
 
 /// A workload to predict.
@@ -84,15 +113,11 @@ pub struct Prediction {
     pub h_full_us: f64,
     /// CPU µs per resumed handshake used.
     pub h_resumed_us: f64,
-    /// CPU ns per byte of a connection's first `ramp_bytes`.
-    pub b_ramp_ns: f64,
-    /// CPU ns per byte after those.
-    pub b_bulk_ns: f64,
-    /// Bytes of a connection at the ramp's cost.
-    pub ramp_bytes: f64,
+    /// The calibrated points the byte term was interpolated between.
+    pub byte_segment: (BytePoint, BytePoint),
     /// Handshake term per transaction, µs.
     pub handshake_term_us: f64,
-    /// Byte term per transaction (ramp and bulk), µs.
+    /// Byte term per transaction, µs.
     pub byte_term_us: f64,
     /// CPU per transaction, µs.
     pub cpu_per_txn_us: f64,
@@ -179,38 +204,31 @@ impl Model {
             ));
         }
         let name = cipher_name(w.cipher);
-        let coefficient = |table: &BTreeMap<String, f64>| {
-            table
-                .get(name)
-                .copied()
-                .ok_or_else(|| CostError::Uncalibrated(name.to_string()))
-        };
-        let b_bulk_ns = coefficient(&self.byte_ns)?;
-        let b_ramp_ns = coefficient(&self.ramp_byte_ns)?;
-        // The handshake coefficients were measured with a small response:
-        // its bytes (all within the ramp) belong to the byte term.
-        let small = self.handshake_response_bytes * b_ramp_ns / 1e3;
+        let curve = self
+            .byte_curve
+            .get(name)
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| CostError::Uncalibrated(name.to_string()))?;
         let h_full_us = if w.resumed < 1.0 {
-            (self.handshake(w.version, w.key, false, w.mtls)? - small).max(0.0)
+            self.handshake(w.version, w.key, false, w.mtls)?
         } else {
             0.0
         };
         let h_resumed_us = if w.resumed > 0.0 {
-            (self.handshake(w.version, w.key, true, w.mtls)? - small).max(0.0)
+            self.handshake(w.version, w.key, true, w.mtls)?
         } else {
             0.0
         };
         let handshake_term_us = (1.0 - w.resumed) * h_full_us + w.resumed * h_resumed_us;
-        let ramp = w.bytes.min(self.ramp_bytes);
-        let byte_term_us = (ramp * b_ramp_ns + (w.bytes - ramp) * b_bulk_ns) / 1e3;
+        // The handshake measurement already paid for its small response.
+        let beyond = (w.bytes - self.handshake_response_bytes).max(0.0);
+        let (byte_term_us, a, b) = byte_term(curve, beyond);
         let cpu_per_txn_us = handshake_term_us + byte_term_us;
         let cpu_seconds_per_second = w.rate * cpu_per_txn_us / 1e6;
         Ok(Prediction {
             h_full_us,
             h_resumed_us,
-            b_ramp_ns,
-            b_bulk_ns,
-            ramp_bytes: self.ramp_bytes,
+            byte_segment: (a, b),
             handshake_term_us,
             byte_term_us,
             cpu_per_txn_us,
@@ -246,23 +264,28 @@ impl Model {
             kind_label(w.version, w.key, false, false).trim_end_matches(" full"),
             cipher_name(w.cipher)
         );
-        let ramp = w.bytes.min(p.ramp_bytes);
+        let (a, b) = p.byte_segment;
         let _ = writeln!(
             out,
-            "cpu(txn) = (1 − r)·h_full + r·h_resumed + min(T, W)·b_ramp + (T − W)⁺·b_bulk    (W = {} B)",
-            p.ramp_bytes
+            "cpu(txn) = (1 − r)·h_full + r·h_resumed + B(T)    (B: the cipher's byte curve, calibrated)"
         );
         let _ = writeln!(
             out,
-            "         = {:.2}·{:.1} µs + {:.2}·{:.1} µs + {} B · {:.4} ns/B + {} B · {:.4} ns/B",
+            "         = {:.2}·{:.1} µs + {:.2}·{:.1} µs + B({} B)",
             1.0 - w.resumed,
             p.h_full_us,
             w.resumed,
             p.h_resumed_us,
-            ramp,
-            p.b_ramp_ns,
-            w.bytes - ramp,
-            p.b_bulk_ns
+            w.bytes,
+        );
+        let _ = writeln!(
+            out,
+            "  B between calibrated points B({} B) = {:.1} µs and B({} B) = {:.1} µs: {:.4} ns/B on that segment",
+            a.bytes,
+            a.ns / 1e3,
+            b.bytes,
+            b.ns / 1e3,
+            (b.ns - a.ns) / (b.bytes - a.bytes).max(1.0),
         );
         let _ = writeln!(
             out,
@@ -290,20 +313,29 @@ mod tests {
 
     fn model() -> Model {
         let mut handshake_us = BTreeMap::new();
-        handshake_us.insert("TLS1.3 ECDSA full".into(), 201.0);
-        handshake_us.insert("TLS1.3 ECDSA resumed".into(), 101.0);
-        let mut byte_ns = BTreeMap::new();
-        byte_ns.insert("AES-128-GCM".into(), 0.5);
-        let mut ramp_byte_ns = BTreeMap::new();
-        ramp_byte_ns.insert("AES-128-GCM".into(), 1.0);
+        handshake_us.insert("TLS1.3 ECDSA full".into(), 200.0);
+        handshake_us.insert("TLS1.3 ECDSA resumed".into(), 100.0);
+        let mut byte_curve = BTreeMap::new();
+        // 1 ns/B up to 200 kB, then 0.5 ns/B.
+        byte_curve.insert(
+            "AES-128-GCM".into(),
+            vec![
+                BytePoint {
+                    bytes: 200_000.0,
+                    ns: 200_000.0,
+                },
+                BytePoint {
+                    bytes: 400_000.0,
+                    ns: 300_000.0,
+                },
+            ],
+        );
         Model {
             machine: "test".into(),
             date: "now".into(),
             server: "tlsgate".into(),
             handshake_us,
-            byte_ns,
-            ramp_byte_ns,
-            ramp_bytes: 200_000.0,
+            byte_curve,
             handshake_response_bytes: 1000.0,
         }
     }
@@ -323,26 +355,31 @@ mod tests {
     #[test]
     fn the_formula_adds_its_terms() {
         let p = model().predict(&workload()).unwrap();
-        // 1 µs of the handshake coefficients is their own response's bytes.
         assert_eq!(p.h_full_us, 200.0);
         assert_eq!(p.h_resumed_us, 100.0);
         assert_eq!(p.handshake_term_us, 150.0);
-        // 200 kB at 1 ns/B, then 800 kB at 0.5 ns/B.
-        assert_eq!(p.byte_term_us, 600.0);
-        assert_eq!(p.cpu_per_txn_us, 750.0);
-        assert!((p.cpu_seconds_per_second - 0.75).abs() < 1e-9);
+        // The first 1000 B came with the handshakes; of the other 999 000,
+        // 200 kB at 1 ns/B, then 799 kB at 0.5 ns/B (the last slope, extended).
+        assert!((p.byte_term_us - 599.5).abs() < 1e-9, "{}", p.byte_term_us);
+        assert!((p.cpu_per_txn_us - 749.5).abs() < 1e-9);
+        assert!((p.cpu_seconds_per_second - 0.7495).abs() < 1e-9);
         assert_eq!(p.cores_needed, 1);
-        assert!((p.max_tps_per_core - 1e6 / 750.0).abs() < 1e-9);
+        assert!((p.max_tps_per_core - 1e6 / 749.5).abs() < 1e-9);
         let text = model().explain(&workload(), &p);
-        assert!(text.contains("750.0 µs"), "{text}");
+        assert!(text.contains("749.5 µs"), "{text}");
+        assert!(text.contains("0.5000 ns/B"), "{text}");
     }
 
     #[test]
-    fn a_transaction_inside_the_ramp_pays_only_the_ramp() {
+    fn the_byte_curve_interpolates_between_its_points() {
         let mut w = workload();
-        w.bytes = 100_000.0;
-        let p = model().predict(&w).unwrap();
-        assert_eq!(p.byte_term_us, 100.0);
+        w.bytes = 101_000.0;
+        assert_eq!(model().predict(&w).unwrap().byte_term_us, 100.0);
+        w.bytes = 301_000.0;
+        assert_eq!(model().predict(&w).unwrap().byte_term_us, 250.0);
+        // The handshake's own response costs nothing more.
+        w.bytes = 500.0;
+        assert_eq!(model().predict(&w).unwrap().byte_term_us, 0.0);
     }
 
     #[test]

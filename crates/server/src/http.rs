@@ -25,6 +25,8 @@ use crate::Shared;
 const INLINE_BODY_MAX: u64 = 64 * 1024;
 /// Queued pipelined responses are sent once they reach this size.
 const OUT_FLUSH_AT: usize = 64 * 1024;
+/// Response buffer kept by an idle keep-alive connection.
+const IDLE_OUT_CAPACITY: usize = 4096;
 /// Bytes asked of the transport per read.
 const READ_CHUNK: usize = 16 * 1024;
 /// How long a closing connection keeps draining the client's bytes.
@@ -127,7 +129,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         max_headers: limits.max_headers,
     };
     let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut out: Vec<u8> = Vec::with_capacity(4096);
+    let mut out: Vec<u8> = Vec::with_capacity(IDLE_OUT_CAPACITY);
     let mut scratch: Vec<u8> = Vec::new();
     let mut served: u64 = 0;
     // When the head being read began; the first one counts from the handshake.
@@ -162,6 +164,10 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                             close(io).await;
                             return End::Done;
                         }
+                        // Idle keep-alive connections are most of a busy
+                        // server's connections: they keep no response
+                        // buffers (64 KiB each after a file was sent).
+                        release_idle_buffers(&mut out, &mut scratch, &mut inbuf);
                         let deadline = (Instant::now() + limits.keepalive_timeout).into();
                         tokio::select! {
                             r = timeout_at(deadline, read_more(io, &mut inbuf)) => match r {
@@ -274,6 +280,17 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 return e;
             }
         }
+    }
+}
+
+/// Frees what a connection waiting for its next request does not need.
+fn release_idle_buffers(out: &mut Vec<u8>, scratch: &mut Vec<u8>, inbuf: &mut Vec<u8>) {
+    if out.is_empty() && out.capacity() > IDLE_OUT_CAPACITY {
+        *out = Vec::with_capacity(IDLE_OUT_CAPACITY);
+    }
+    *scratch = Vec::new();
+    if inbuf.is_empty() && inbuf.capacity() > READ_CHUNK {
+        *inbuf = Vec::with_capacity(READ_CHUNK);
     }
 }
 

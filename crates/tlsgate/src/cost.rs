@@ -124,11 +124,15 @@ pub fn run(cmd: CostCommand) -> ExitCode {
                     for (k, v) in &m.handshake_us {
                         println!("  handshake {k:<24} {v:>9.1} µs CPU");
                     }
-                    for (k, v) in &m.ramp_byte_ns {
-                        println!("  bytes     {k:<24} {v:>9.4} ns CPU per byte of a connection's first {} ({:.0} MB per CPU-second)", m.ramp_bytes, 1e3 / v);
-                    }
-                    for (k, v) in &m.byte_ns {
-                        println!("  bytes     {k:<24} {v:>9.4} ns CPU per byte after those ({:.0} MB per CPU-second)", 1e3 / v);
+                    for (k, curve) in &m.byte_curve {
+                        for p in curve {
+                            println!(
+                                "  bytes     {k:<24} {:>9.1} µs CPU for {} B more per transaction ({:.0} MB per CPU-second)",
+                                p.ns / 1e3,
+                                p.bytes,
+                                p.bytes / p.ns.max(1e-9) * 1e3
+                            );
+                        }
                     }
                     println!("model: {}", model.display());
                     ExitCode::SUCCESS

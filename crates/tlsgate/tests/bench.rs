@@ -135,7 +135,11 @@ fn cost_model_calibrates_predicts_and_validates() {
         assert!(m["handshake_us"][kind].as_f64().unwrap() > 0.0, "{kind}");
     }
     for cipher in ["AES-128-GCM", "AES-256-GCM", "CHACHA20-POLY1305"] {
-        assert!(m["byte_ns"][cipher].as_f64().unwrap() > 0.0, "{cipher}");
+        // A point per calibrated size, each bigger transaction costing more.
+        let curve = m["byte_curve"][cipher].as_array().unwrap();
+        assert_eq!(curve.len(), 3, "{cipher}: {curve:?}");
+        let ns: Vec<f64> = curve.iter().map(|p| p["ns"].as_f64().unwrap()).collect();
+        assert!(ns[0] > 0.0 && ns[2] > ns[0], "{cipher}: {curve:?}");
     }
 
     let predict = Command::new(bin())
@@ -157,7 +161,7 @@ fn cost_model_calibrates_predicts_and_validates() {
     assert!(predict.status.success(), "{text}");
     assert!(
         text.contains(
-            "cpu(txn) = (1 − r)·h_full + r·h_resumed + min(T, W)·b_ramp + (T − W)⁺·b_bulk"
+            "cpu(txn) = (1 − r)·h_full + r·h_resumed + B(T)"
         ),
         "{text}"
     );
@@ -222,8 +226,7 @@ fn cost_model_calibrates_predicts_and_validates() {
             .lines()
             .filter(|l| l.starts_with("| 1k per txn")
                 || l.starts_with("| 8m per txn")
-                || l.starts_with("| 1m per txn")
-                || l.starts_with("| 4m per txn")
+                || l.starts_with("| 2m per txn")
                 || l.starts_with("| 64k per txn"))
             .count(),
         7,
