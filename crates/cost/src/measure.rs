@@ -179,7 +179,9 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         Cipher::Aes256Gcm,
         Cipher::Chacha20Poly1305,
     ];
-    let all_sizes: Vec<u64> = std::iter::once(SMALL).chain(sizes.iter().copied()).collect();
+    let all_sizes: Vec<u64> = std::iter::once(SMALL)
+        .chain(sizes.iter().copied())
+        .collect();
     let mut plan = Vec::new();
     for cipher in ciphers {
         for &size in &all_sizes {

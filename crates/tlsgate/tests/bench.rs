@@ -160,9 +160,7 @@ fn cost_model_calibrates_predicts_and_validates() {
     let text = String::from_utf8_lossy(&predict.stdout);
     assert!(predict.status.success(), "{text}");
     assert!(
-        text.contains(
-            "cpu(txn) = (1 − r)·h_full + r·h_resumed + B(T)"
-        ),
+        text.contains("cpu(txn) = (1 − r)·h_full + r·h_resumed + B(T)"),
         "{text}"
     );
     assert!(text.contains("cores needed"), "{text}");
