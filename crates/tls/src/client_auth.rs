@@ -189,6 +189,16 @@ impl ClientIdentity {
     }
 }
 
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
 /// Appends `value` in double quotes, `"` and `\` escaped with `\`, and
 /// anything outside printable ASCII as `\xHH` (no header injection).
 fn quoted(out: &mut String, value: &str) {

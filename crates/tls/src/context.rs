@@ -164,10 +164,7 @@ impl TlsContext {
                     Some(v) => format!(
                         "|client_auth={}|ca={}",
                         auth.mode.as_str(),
-                        v.bundle_sha256[..16]
-                            .iter()
-                            .map(|b| format!("{b:02x}"))
-                            .collect::<String>()
+                        client_auth::hex(&v.bundle_sha256[..16])
                     ),
                 };
                 let config =
@@ -196,17 +193,5 @@ impl TlsContext {
     pub fn config_for(&self, sni: Option<&str>) -> Option<&Arc<ServerConfig>> {
         let slot = self.store.lookup(sni)?;
         self.configs.get(slot.client_auth()).map(|c| &c.config)
-    }
-
-    /// The rustls configuration of the listener's default policy (the
-    /// first certificate's).
-    pub fn server_config(&self) -> &Arc<ServerConfig> {
-        // `new` always makes at least one.
-        &self.configs[0].config
-    }
-
-    /// Whether a client with this SNI is served (a certificate or the default).
-    pub fn serves(&self, sni: Option<&str>) -> bool {
-        self.config_for(sni).is_some()
     }
 }
