@@ -1,16 +1,26 @@
 //! An independent measurement: the field's own tools (`openssl s_time` for
 //! handshakes, `wrk` for keep-alive transfers) against the same targets,
-//! with server CPU from /proc, next to the bench's own figures. If the two
-//! disagree beyond noise, the bench's generator is suspect.
+//! with server CPU from /proc, next to the bench's own generator driving
+//! the same target at the same load right after. If the two disagree
+//! beyond noise, the bench's generator is suspect.
+//!
+//! Same load matters: CPU per operation depends on it. `s_time` runs one
+//! connection at a time per process and keeps a server partly idle, where
+//! every handshake pays wake-ups a saturated server amortizes; so the
+//! bench's figure it is compared with is measured at `s_time`'s rate (open
+//! loop), not the saturated one (shown beside it).
 
 use std::process::Command;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use tlsgate_loadgen::{HandshakeJob, Pacing, TlsProfile, TransferJob, Window};
+
 use crate::error::BenchError;
-use crate::materials::Materials;
+use crate::materials::{Materials, SERVER_NAME};
 use crate::report::Results;
+use crate::runner::{Job, Runner};
 use crate::scenario::BenchOptions;
 use crate::targets::{Target, TargetKind};
 
@@ -29,8 +39,16 @@ pub struct CrossCheck {
     pub secs: f64,
     /// Server CPU per operation during the tool's run, µs.
     pub server_cpu_us_per_op: f64,
-    /// The bench's own figure for the same case, µs (0 if not measured).
+    /// Server CPU per operation with the bench's generator at the tool's
+    /// load (same rate or same connections), µs.
     pub bench_cpu_us_per_op: f64,
+    /// What the bench's generator ran for that figure.
+    #[serde(default)]
+    pub bench_load: String,
+    /// The bench's saturated figure for the case, from this run's
+    /// handshake or transfer scenario, µs (0 if not measured).
+    #[serde(default)]
+    pub bench_saturated_cpu_us_per_op: f64,
 }
 
 fn tool_command(core: Option<usize>, program: &str) -> Command {
@@ -135,7 +153,11 @@ pub fn parse_wrk(out: &str) -> Option<(u64, f64)> {
     })
 }
 
-/// Runs both tools against every target.
+/// Connections of `wrk` and of the bench's transfer at the same load.
+const WRK_CONNECTIONS: usize = 100;
+
+/// Runs both tools against every target, each followed by the bench's
+/// generator at the same load.
 pub fn run(
     materials: &Materials,
     opts: &BenchOptions,
@@ -144,11 +166,16 @@ pub fn run(
     let small = materials.file(1 << 10)?;
     let medium = materials.file(64 << 10)?;
     let secs = if opts.quick { 1 } else { 3 };
+    let window = Window {
+        warmup: opts.warmup,
+        measure: Duration::from_secs(secs),
+    };
     let client = opts.placement.client_cores.first().copied().flatten();
     let mut rows = Vec::new();
     for kind in &opts.targets {
-        let target = Target::start(*kind, materials, &opts.settings(64 << 10))?;
-        let port = target.addr().port();
+        let mut target = Target::start(*kind, materials, &opts.settings(64 << 10))?;
+        let addr = target.addr();
+        let port = addr.port();
         // Handshakes: new connections, TLS 1.3, AES-128-GCM.
         let cmds = (0..S_TIME_PROCESSES)
             .map(|_| {
@@ -171,33 +198,71 @@ pub fn run(
             .collect();
         let (outs, cpu) = run_tools(&target, cmds, "openssl s_time")?;
         let (n, t) = sum_runs(&outs, parse_s_time, "openssl s_time")?;
-        let tool = format!("{S_TIME_PROCESSES} × openssl s_time -new -tls1_3");
+        let rate = n as f64 / t.max(1e-9);
+        let profile = TlsProfile::tls13_ecdsa();
+        let same_load = Runner::measure(
+            &mut target,
+            "crosscheck",
+            "handshake at s_time's rate",
+            0,
+            Job::Handshake(HandshakeJob {
+                addr,
+                server_name: SERVER_NAME.into(),
+                profile: profile.clone(),
+                path: small.clone(),
+                pacing: Pacing::Open {
+                    per_second: rate.max(1.0),
+                    max_in_flight: 4096,
+                },
+                window,
+                cores: opts.placement.client_cores.clone(),
+                busy_poll: false,
+            }),
+        )?;
         rows.push(row(
             results,
             *kind,
-            "handshake",
-            "TLS1.3 ECDSA full",
-            &tool,
-            n,
-            t,
-            cpu,
+            ("handshake", &profile.label()),
+            format!("{S_TIME_PROCESSES} × openssl s_time -new -tls1_3"),
+            (n, t, cpu),
+            (
+                same_load.server_cpu_us_per_op,
+                format!("open loop, {rate:.0}/s"),
+            ),
         ));
         // Keep-alive transfers of 64 KiB over 100 connections.
         let mut cmd = tool_command(client, "wrk");
-        cmd.args(["-t1", "-c100"])
+        cmd.arg("-t1")
+            .arg(format!("-c{WRK_CONNECTIONS}"))
             .arg(format!("-d{secs}s"))
             .arg(format!("https://127.0.0.1:{port}{medium}"));
         let (outs, cpu) = run_tools(&target, vec![cmd], "wrk")?;
         let (n, t) = sum_runs(&outs, parse_wrk, "wrk")?;
+        let same_load = Runner::measure(
+            &mut target,
+            "crosscheck",
+            "transfer like wrk",
+            0,
+            Job::Transfer(TransferJob {
+                addr,
+                server_name: SERVER_NAME.into(),
+                profile,
+                path: medium.clone(),
+                connections: WRK_CONNECTIONS,
+                window,
+                cores: opts.placement.client_cores.clone(),
+            }),
+        )?;
         rows.push(row(
             results,
             *kind,
-            "transfer",
-            "64k",
-            "wrk -t1 -c100",
-            n,
-            t,
-            cpu,
+            ("transfer", "64k"),
+            format!("wrk -t1 -c{WRK_CONNECTIONS}"),
+            (n, t, cpu),
+            (
+                same_load.server_cpu_us_per_op,
+                format!("{WRK_CONNECTIONS} keep-alive connections"),
+            ),
         ));
         drop(target);
         std::thread::sleep(Duration::from_millis(100));
@@ -206,25 +271,26 @@ pub fn run(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A cross-check row: the tool's `(operations, seconds, server CPU ns)`,
+/// the bench's figure at the same load and what that load was.
 fn row(
     results: &Results,
     target: TargetKind,
-    scenario: &str,
-    case: &str,
-    tool: &str,
-    operations: u64,
-    secs: f64,
-    cpu_ns: u64,
+    (scenario, case): (&str, &str),
+    tool: String,
+    (operations, secs, cpu_ns): (u64, f64, u64),
+    (bench_cpu_us_per_op, bench_load): (f64, String),
 ) -> CrossCheck {
     CrossCheck {
         target,
         case: format!("{scenario} {case}"),
-        tool: tool.into(),
+        tool,
         operations,
         secs,
         server_cpu_us_per_op: cpu_ns as f64 / 1e3 / operations.max(1) as f64,
-        bench_cpu_us_per_op: results
+        bench_cpu_us_per_op,
+        bench_load,
+        bench_saturated_cpu_us_per_op: results
             .summary(scenario, case, target)
             .map_or(0.0, |s| s.cpu_us_per_op),
     }

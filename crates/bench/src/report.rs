@@ -350,7 +350,7 @@ impl Results {
         if !self.crosschecks.is_empty() {
             let _ = writeln!(
                 out,
-                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation measured while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own figure for the same case. s_time runs one connection at a time, so the server is not saturated: compare CPU per operation, not rates.\n\n| target | case | tool | ops/s | server CPU µs/op | bench CPU µs/op | tool ÷ bench |\n|---|---|---|---:|---:|---:|---:|"
+                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own generator driving the same target at the same load right after (s_time's rate, open loop; wrk's connections). CPU per operation depends on load: s_time keeps a server partly idle, so the bench's saturated figure (last column, from this run's handshake or transfer scenario) is not the one to compare with.\n\n| target | case | tool | ops/s | server CPU µs/op | bench at the same load | bench CPU µs/op | tool ÷ bench | bench saturated µs/op |\n|---|---|---|---:|---:|---|---:|---:|---:|"
             );
             for c in &self.crosschecks {
                 let ratio = if c.bench_cpu_us_per_op > 0.0 {
@@ -358,14 +358,20 @@ impl Results {
                 } else {
                     "–".into()
                 };
+                let saturated = if c.bench_saturated_cpu_us_per_op > 0.0 {
+                    format!("{:.1}", c.bench_saturated_cpu_us_per_op)
+                } else {
+                    "–".into()
+                };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | `{}` | {:.0} | {:.1} | {:.1} | {ratio} |",
+                    "| {} | {} | `{}` | {:.0} | {:.1} | {} | {:.1} | {ratio} | {saturated} |",
                     c.target,
                     c.case,
                     c.tool,
                     c.operations as f64 / c.secs.max(1e-9),
                     c.server_cpu_us_per_op,
+                    c.bench_load,
                     c.bench_cpu_us_per_op
                 );
             }
@@ -599,7 +605,7 @@ impl Results {
             }
         }
         for c in &self.crosschecks {
-            if c.operations == 0 || c.server_cpu_us_per_op <= 0.0 {
+            if c.operations == 0 || c.server_cpu_us_per_op <= 0.0 || c.bench_cpu_us_per_op <= 0.0 {
                 out.push(format!(
                     "cross-check {} on {}: nothing measured",
                     c.tool, c.target

@@ -291,6 +291,7 @@ fn latency_at_half_nginx(
                 },
                 window: opts.window(),
                 cores: opts.placement.client_cores.clone(),
+                busy_poll: false,
             })
         },
         results,
@@ -321,6 +322,7 @@ fn saturated_handshakes(
                 },
                 window: opts.window(),
                 cores: opts.placement.client_cores.clone(),
+                busy_poll: false,
             })
         },
         results,

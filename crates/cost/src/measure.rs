@@ -11,7 +11,9 @@ use tlsgate_bench::scenario::handshake_kinds;
 use tlsgate_bench::{BenchOptions, Cell, Runner, Target, TargetKind};
 use tlsgate_loadgen::{Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, Version, Window};
 
-use crate::model::{cipher_name, BytePoint, CostError, Model, Workload};
+use crate::model::{
+    cipher_name, smooth_regime_flips, BytePoint, CostError, Model, ReplacedPoint, Workload,
+};
 
 /// The response of the handshake measurements.
 const SMALL: u64 = 1 << 10;
@@ -40,8 +42,7 @@ fn handshake_job(
     t: &Target,
     profile: TlsProfile,
     path: &str,
-    concurrency: usize,
-    window: Window,
+    shape: Shape,
     opts: &BenchOptions,
 ) -> Job {
     // The bench's tlsgate requires client certificates under its second name.
@@ -55,9 +56,12 @@ fn handshake_job(
         server_name: server_name.into(),
         profile,
         path: path.into(),
-        pacing: Pacing::Closed { concurrency },
-        window,
+        pacing: Pacing::Closed {
+            concurrency: shape.concurrency,
+        },
+        window: shape.window,
         cores: opts.placement.client_cores.clone(),
+        busy_poll: shape.busy_poll,
     })
 }
 
@@ -82,19 +86,65 @@ fn interleaved(
         for (case, out) in cases.iter().zip(cells.iter_mut()) {
             tracing::info!("cost: {} [{}/{}]", case.name, r + 1, opts.repeats);
             let j = (case.job)(t);
-            out.push(Runner::measure(t, "cost", &case.name, r, j)?);
+            let cell = Runner::measure(t, "cost", &case.name, r, j)?;
+            check_failures(&case.name, &cell)?;
+            out.push(cell);
         }
     }
     Ok(cells)
 }
 
-/// Big transactions: few in flight, and a window that holds many.
-/// Calibration and validation measure each size alike.
-fn shape(size: u64, opts: &BenchOptions) -> (usize, Window) {
+/// Failed operations cost CPU but count no transaction: beyond a few per
+/// thousand they skew the figure, and the cell is refused.
+fn check_failures(case: &str, c: &Cell) -> Result<(), CostError> {
+    let failed = c.load.error_count();
+    let total = c.load.operations + failed;
+    if failed * 1000 > total * MAX_FAILED_PER_MILLE {
+        return Err(CostError::Failures {
+            case: case.into(),
+            failed,
+            total,
+            first: c.load.first_error.clone().unwrap_or_default(),
+        });
+    }
+    if failed > 0 {
+        tracing::warn!("{case}: {failed} of {total} operations failed");
+    }
+    Ok(())
+}
+
+/// Failed operations a cell may have, per thousand.
+const MAX_FAILED_PER_MILLE: u64 = 2;
+
+/// How a transaction size is measured.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    concurrency: usize,
+    window: Window,
+    /// See `HandshakeJob::busy_poll`. Small transactions keep the
+    /// generator busy anyway (~85 %), and polling would take CPU the
+    /// handshakes need; big ones leave it waiting ~70 % of the time, and a
+    /// sleeping generator made the server's CPU per byte flip between two
+    /// values up to twice apart, cell to cell.
+    busy_poll: bool,
+}
+
+/// Big transactions: few in flight, a window that holds many, and a
+/// generator that never sleeps. Calibration and validation measure each
+/// size alike.
+fn shape(size: u64, opts: &BenchOptions) -> Shape {
     if size >= RAMP {
-        (BIG_CONCURRENCY, big_window(opts))
+        Shape {
+            concurrency: BIG_CONCURRENCY,
+            window: big_window(opts),
+            busy_poll: true,
+        }
     } else {
-        (opts.handshake_concurrency, opts.window())
+        Shape {
+            concurrency: opts.handshake_concurrency,
+            window: opts.window(),
+            busy_poll: false,
+        }
     }
 }
 
@@ -135,6 +185,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         handshake_us: Default::default(),
         byte_curve: Default::default(),
         handshake_response_bytes: 0.0,
+        replaced: Vec::new(),
     };
     let kinds = handshake_kinds();
     let with_client_certs = kinds.iter().map(|p| TlsProfile {
@@ -147,14 +198,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         .map(|profile| Case {
             name: profile.label(),
             job: Box::new(|t: &Target| {
-                handshake_job(
-                    t,
-                    profile.clone(),
-                    &small,
-                    opts.handshake_concurrency,
-                    opts.window(),
-                    opts,
-                )
+                handshake_job(t, profile.clone(), &small, shape(SMALL, opts), opts)
             }),
         })
         .collect();
@@ -195,7 +239,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
                 cipher: *cipher,
                 ..TlsProfile::tls13_ecdsa()
             };
-            let (concurrency, window) = shape(*size, opts);
+            let shape = shape(*size, opts);
             Case {
                 name: format!(
                     "{} {} per txn",
@@ -203,7 +247,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
                     tlsgate_bench::materials::size_name(*size)
                 ),
                 job: Box::new(move |t: &Target| {
-                    handshake_job(t, profile.clone(), path, concurrency, window, opts)
+                    handshake_job(t, profile.clone(), path, shape, opts)
                 }),
             }
         })
@@ -224,7 +268,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
     for (i, cipher) in ciphers.iter().enumerate() {
         let row = &per_txn_ns[i * all_sizes.len()..(i + 1) * all_sizes.len()];
         let base = row[0];
-        let curve = all_sizes
+        let mut curve: Vec<BytePoint> = all_sizes
             .iter()
             .zip(row)
             .skip(1)
@@ -233,6 +277,22 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
                 ns: (ns - base).max(0.0),
             })
             .collect();
+        for (i, measured_ns) in smooth_regime_flips(&mut curve) {
+            let p = curve[i];
+            tracing::warn!(
+                "{} {} B: {:.0} MB per CPU-second is far from both neighbours: a regime flip, replaced by their interpolation ({:.0})",
+                cipher_name(*cipher),
+                p.bytes,
+                p.bytes * 1e3 / measured_ns.max(1.0),
+                p.bytes * 1e3 / p.ns.max(1.0)
+            );
+            model.replaced.push(ReplacedPoint {
+                cipher: cipher_name(*cipher).into(),
+                bytes: p.bytes,
+                measured_ns,
+                used_ns: p.ns,
+            });
+        }
         model.byte_curve.insert(cipher_name(*cipher).into(), curve);
     }
     Ok(model)
@@ -328,7 +388,7 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
     let cases: Vec<Case<'_>> = plan
         .iter()
         .map(|(size, profile, path)| {
-            let (concurrency, window) = shape(*size, opts);
+            let shape = shape(*size, opts);
             Case {
                 name: format!(
                     "{} per txn, {} {}",
@@ -337,7 +397,7 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
                     cipher_name(profile.cipher)
                 ),
                 job: Box::new(move |t: &Target| {
-                    handshake_job(t, profile.clone(), path, concurrency, window, opts)
+                    handshake_job(t, profile.clone(), path, shape, opts)
                 }),
             }
         })

@@ -28,6 +28,19 @@ pub enum CostError {
     /// Measuring failed.
     #[error(transparent)]
     Bench(#[from] tlsgate_bench::BenchError),
+    /// Too many operations of a measurement failed for its figure to mean
+    /// anything.
+    #[error("{case}: {failed} of {total} operations failed (first: {first}); no figure taken")]
+    Failures {
+        /// The case measured.
+        case: String,
+        /// Failed operations.
+        failed: u64,
+        /// All operations.
+        total: u64,
+        /// The first failure.
+        first: String,
+    },
 }
 
 /// Coefficients measured on one machine.
@@ -46,13 +59,63 @@ pub struct Model {
     /// `bytes` response bytes costs beyond one of the handshake
     /// measurement's small response, at calibrated sizes (ascending).
     /// Between them the term is interpolated linearly, past the last one
-    /// extrapolated with the last segment's slope. Measured, the cost per
-    /// byte is not constant: a new connection's first megabyte moves while
-    /// TCP's send buffer grows, and large files leave the CPU caches.
+    /// extrapolated with the last segment's slope. Measured with a
+    /// generator that never sleeps, the cost per byte is nearly constant
+    /// (AES-GCM within ~15 % from 256 KiB to 256 MiB); the curve follows
+    /// what is left of a size's own cost without a formula for it.
     pub byte_curve: BTreeMap<String, Vec<BytePoint>>,
     /// Response bytes included in each handshake measurement (where the
     /// byte term starts).
     pub handshake_response_bytes: f64,
+    /// Curve points calibration measured but did not use (see
+    /// [`smooth_regime_flips`]).
+    #[serde(default)]
+    pub replaced: Vec<ReplacedPoint>,
+}
+
+/// A measured curve point set aside as a regime flip.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplacedPoint {
+    /// The cipher's curve.
+    pub cipher: String,
+    /// The point's bytes.
+    pub bytes: f64,
+    /// What was measured, ns.
+    pub measured_ns: f64,
+    /// What the curve holds instead, ns.
+    pub used_ns: f64,
+}
+
+/// How far (as a share) a point's cost per byte may be from what its two
+/// neighbours say before it is taken for a regime flip. Repeats of one
+/// size agree within ~10 %; flips are 25–100 % apart.
+pub const REGIME_FLIP: f64 = 0.25;
+
+/// On one machine the server's CPU per byte has two regimes: whether its
+/// sends must wake the client or find it running (docs/bench.md). A cell
+/// can land in either, and so, when two of its three repeats do, can a
+/// curve point: 4 MiB once measured 6.2 GB per CPU-second between
+/// neighbours at 4.3 and 4.1. A point whose cost per byte is more than
+/// [`REGIME_FLIP`] off the interpolation (in log size) of its neighbours'
+/// is replaced by that interpolation; the ends, with one neighbour, are
+/// kept. Returns the replaced points' indices and measured values.
+pub fn smooth_regime_flips(curve: &mut [BytePoint]) -> Vec<(usize, f64)> {
+    let measured: Vec<BytePoint> = curve.to_vec();
+    let per_byte = |p: &BytePoint| p.ns / p.bytes.max(1.0);
+    let mut replaced = Vec::new();
+    for i in 1..measured.len().saturating_sub(1) {
+        let (a, p, b) = (&measured[i - 1], &measured[i], &measured[i + 1]);
+        if a.bytes <= 0.0 || p.bytes <= a.bytes || b.bytes <= p.bytes {
+            continue;
+        }
+        let at = (p.bytes.ln() - a.bytes.ln()) / (b.bytes.ln() - a.bytes.ln());
+        let expected = per_byte(a) + (per_byte(b) - per_byte(a)) * at;
+        if expected > 0.0 && (per_byte(p) / expected - 1.0).abs() > REGIME_FLIP {
+            curve[i].ns = expected * p.bytes;
+            replaced.push((i, p.ns));
+        }
+    }
+    replaced
 }
 
 /// One calibrated point of a byte curve.
@@ -337,6 +400,7 @@ mod tests {
             handshake_us,
             byte_curve,
             handshake_response_bytes: 1000.0,
+            replaced: Vec::new(),
         }
     }
 
@@ -368,6 +432,49 @@ mod tests {
         let text = model().explain(&workload(), &p);
         assert!(text.contains("749.5 µs"), "{text}");
         assert!(text.contains("0.5000 ns/B"), "{text}");
+    }
+
+    fn point(bytes: f64, gb_per_s: f64) -> BytePoint {
+        BytePoint {
+            bytes,
+            ns: bytes / gb_per_s,
+        }
+    }
+
+    #[test]
+    fn a_point_far_from_both_neighbours_is_a_regime_flip() {
+        const M: f64 = 1048576.0;
+        // The calibration of 2026-11-23: 4 MiB in the other regime.
+        let mut curve = vec![
+            point(M / 4.0, 4.0),
+            point(M, 4.28),
+            point(4.0 * M, 6.22),
+            point(16.0 * M, 4.07),
+            point(64.0 * M, 3.75),
+        ];
+        let replaced = smooth_regime_flips(&mut curve);
+        assert_eq!(replaced.len(), 1, "{replaced:?}");
+        assert_eq!(replaced[0].0, 2);
+        assert!((replaced[0].1 - 4.0 * M / 6.22).abs() < 1.0);
+        // Halfway in log size between 4.28 and 4.07 GB/s, in ns per byte.
+        let expected = (1.0 / 4.28 + 1.0 / 4.07) / 2.0;
+        assert!(
+            (curve[2].ns / (4.0 * M) - expected).abs() < 1e-9,
+            "{curve:?}"
+        );
+        // Ordinary spread (~10 %) is kept as measured.
+        let mut curve = vec![
+            point(M / 4.0, 3.7),
+            point(M / 2.0, 4.0),
+            point(M, 4.28),
+            point(4.0 * M, 3.9),
+            point(16.0 * M, 4.07),
+            point(64.0 * M, 3.75),
+            point(256.0 * M, 3.6),
+        ];
+        let before = curve.clone();
+        assert!(smooth_regime_flips(&mut curve).is_empty());
+        assert_eq!(curve, before);
     }
 
     #[test]

@@ -8,16 +8,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::engine::{self, Clock, Observer, Window};
 use crate::error::LoadError;
-use crate::http::{await_close, get_request, read_response, OpError};
+use crate::http::{
+    await_close, count, get_request, ok_status, read_body, read_head, read_response, Head, OpError,
+};
 use crate::profile::TlsProfile;
 use crate::stats::{Report, Tally};
+use crate::wire::Wire;
 
 /// How new connections are paced.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +59,15 @@ pub struct HandshakeJob {
     pub window: Window,
     /// One generator thread per entry, pinned to the core it names.
     pub cores: Vec<Option<usize>>,
+    /// Generator threads never sleep: they poll their sockets in a loop.
+    /// On one machine a server's send to a client asleep in `epoll_wait`
+    /// is a wake-up the server pays for (on a virtual machine, an
+    /// inter-processor interrupt): with a sleeping generator tlsgate spent
+    /// up to twice the CPU per byte it spent with a busy one, and a cell
+    /// flipped between the two. A remote client costs the server no
+    /// wake-up, so the cost model measures with this on. The generator's
+    /// utilization then reads 100 % and says nothing.
+    pub busy_poll: bool,
 }
 
 /// Shared by the connection helpers of every job.
@@ -87,14 +99,14 @@ impl Dialer {
         &self,
         clock: &Clock,
         tally: &RefCell<Tally>,
-    ) -> Result<TlsStream<TcpStream>, OpError> {
+    ) -> Result<TlsStream<Wire>, OpError> {
         let tcp = TcpStream::connect(self.addr)
             .await
             .map_err(|e| OpError::new("connect", e))?;
         let _ = tcp.set_nodelay(true);
         let tls = self
             .connector
-            .connect(self.name.clone(), tcp)
+            .connect(self.name.clone(), Wire::new(tcp))
             .await
             .map_err(|e| OpError::new("handshake", e))?;
         if clock.in_window(Instant::now()) {
@@ -117,7 +129,7 @@ impl Dialer {
 /// One keep-alive request: send, read the whole response, count it when
 /// it ends inside the window. Returns when it began and ended.
 pub(crate) async fn keepalive_request(
-    tls: &mut TlsStream<TcpStream>,
+    tls: &mut TlsStream<Wire>,
     request: &[u8],
     buf: &mut [u8],
     clock: &Clock,
@@ -217,6 +229,15 @@ pub fn run_handshakes(job: &HandshakeJob, observer: &dyn Observer) -> Result<Rep
                 Err(t) => return *t,
             };
             let tally = Rc::new(RefCell::new(Tally::new()));
+            if job.busy_poll {
+                // Ready again at once: the runtime polls its sockets
+                // without blocking, and the thread never sleeps.
+                tokio::task::spawn_local(async move {
+                    while !clock.over() {
+                        tokio::task::yield_now().await;
+                    }
+                });
+            }
             if per_thread_concurrency > 0 {
                 let mut tasks = Vec::new();
                 for _ in 0..per_thread_concurrency {
@@ -302,6 +323,18 @@ async fn open_loop(
     }
 }
 
+/// From this many body bytes still to come, a `Connection: close`
+/// response is discarded unread (see [`discard_rest`]).
+const DISCARD_FROM: u64 = 128 * 1024;
+
+/// How much one discarding `recv` asks for.
+const DISCARD_CHUNK: usize = 1 << 20;
+
+thread_local! {
+    /// The buffer discarding `recv`s name; the kernel never writes to it.
+    static DISCARD: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0; DISCARD_CHUNK]);
+}
+
 /// One connection: handshake, GET, wait for close. Cut off at window end.
 async fn one(
     dialer: &Dialer,
@@ -317,7 +350,19 @@ async fn one(
         tls.write_all(request)
             .await
             .map_err(|e| OpError::new("write", e))?;
-        read_response(&mut tls, buf, clock, &mut bytes).await?;
+        let reading = Instant::now();
+        let head = read_head(&mut tls, buf, clock, &mut bytes).await?;
+        if head.body_left() >= DISCARD_FROM {
+            discard_rest(&mut tls, &head, buf, clock, &mut bytes).await?;
+            let done = Instant::now();
+            // Wholly inside the window: the exact plaintext, as the
+            // decrypting path counts it (raw bytes carry record overhead).
+            if clock.in_window(reading) && clock.in_window(done) {
+                bytes = head.head_len + head.content_length;
+            }
+            return Ok(done);
+        }
+        read_body(&mut tls, buf, &head, clock, &mut bytes).await?;
         let done = Instant::now();
         await_close(&mut tls, buf).await;
         Ok::<Instant, OpError>(done)
@@ -332,5 +377,167 @@ async fn one(
         Ok(Ok(_)) => {}
         Ok(Err(e)) if clock.in_window(Instant::now()) => t.record_error(e.kind, || e.message),
         Ok(Err(_)) | Err(_) => {}
+    }
+}
+
+/// Reads the rest of a `Connection: close` response up to the server's
+/// close without decrypting it: `recv(MSG_TRUNC)` drops the bytes in the
+/// kernel, uncopied. A big body then costs the generator almost nothing
+/// and the server, not the generator, is the limit (decrypting, the
+/// generator topped out with the server ~75 % busy on 2 MiB responses).
+/// The server's work is the same; what is lost is only the check of the
+/// body's bytes, which the integration tests make.
+async fn discard_rest(
+    tls: &mut TlsStream<Wire>,
+    head: &Head,
+    scratch: &mut [u8],
+    clock: &Clock,
+    bytes: &mut u64,
+) -> Result<(), OpError> {
+    ok_status(head)?;
+    let (wire, conn) = tls.get_mut();
+    // What rustls has decrypted (it holds no part of a record: see Wire).
+    let mut arrived = 0u64;
+    loop {
+        match std::io::Read::read(&mut conn.reader(), scratch) {
+            Ok(0) => break,
+            Ok(n) => {
+                count(clock, bytes, n);
+                arrived += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => return Err(OpError::new("read", e)),
+        }
+    }
+    // What the buffer below rustls holds, then the socket, to its end.
+    let buffered = wire.discard_buffered();
+    count(clock, bytes, buffered);
+    arrived += buffered as u64;
+    let tcp = wire.socket();
+    loop {
+        tcp.readable().await.map_err(|e| OpError::new("read", e))?;
+        let r = tcp.try_io(Interest::READABLE, || {
+            DISCARD.with_borrow_mut(|b| {
+                rustix::net::recv(tcp, &mut b[..], rustix::net::RecvFlags::TRUNC)
+                    .map(|(_, n)| n)
+                    .map_err(std::io::Error::from)
+            })
+        });
+        match r {
+            Ok(0) => break,
+            Ok(n) => {
+                count(clock, bytes, n);
+                arrived += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(OpError::new("read", e)),
+        }
+    }
+    // Ciphertext is longer than its plaintext: fewer bytes than the body
+    // means the server closed inside it.
+    if arrived < head.body_left() {
+        return Err(OpError::new("read", "connection closed inside the body"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio::io::AsyncReadExt;
+
+    /// A TLS server on loopback answering every request with a head that
+    /// announces `announced` body bytes, then `sent` bytes, then closing.
+    fn server(announced: usize, sent: usize) -> SocketAddr {
+        let cert = rcgen::generate_simple_self_signed(vec!["bench.test".into()]).unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::aws_lc_rs::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                loop {
+                    let (sock, _) = listener.accept().await.unwrap();
+                    let acceptor = acceptor.clone();
+                    tokio::spawn(async move {
+                        let Ok(mut tls) = acceptor.accept(sock).await else {
+                            return;
+                        };
+                        let mut req = [0u8; 1024];
+                        if tls.read(&mut req).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\nContent-Length: {announced}\r\n\r\n");
+                        let _ = tls.write_all(head.as_bytes()).await;
+                        let _ = tls.write_all(&vec![b'x'; sent]).await;
+                        let _ = tls.shutdown().await;
+                    });
+                }
+            });
+        });
+        addr
+    }
+
+    fn job(addr: SocketAddr) -> HandshakeJob {
+        HandshakeJob {
+            addr,
+            server_name: "bench.test".into(),
+            profile: TlsProfile::tls13_ecdsa(),
+            path: "/big".into(),
+            pacing: Pacing::Closed { concurrency: 2 },
+            window: Window {
+                warmup: Duration::from_millis(100),
+                measure: Duration::from_millis(500),
+            },
+            cores: vec![None],
+            busy_poll: false,
+        }
+    }
+
+    /// A big body is dropped unread, yet counted to the byte.
+    #[test]
+    fn a_discarded_body_is_counted_whole() {
+        let size = 512 * 1024;
+        let report = run_handshakes(&job(server(size, size)), &()).unwrap();
+        assert!(report.operations > 0, "{report:?}");
+        assert_eq!(report.error_count(), 0, "{report:?}");
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n").len() as u64;
+        // Whole transactions count exactly; the few the window's edges cut
+        // (at most the two in flight at each edge) count what arrived
+        // inside it.
+        let txn = head + size as u64;
+        let ops = report.operations;
+        assert!(
+            (ops.saturating_sub(4) * txn..=(ops + 4) * txn).contains(&report.bytes),
+            "{} bytes for {ops} operations of {txn}",
+            report.bytes
+        );
+    }
+
+    /// A server that closes inside a discarded body fails the operation.
+    #[test]
+    fn a_body_cut_short_is_an_error_even_unread() {
+        let e = run_handshakes(&job(server(512 * 1024, 300 * 1024)), &()).unwrap_err();
+        assert!(
+            e.to_string().contains("connection closed inside the body"),
+            "{e}"
+        );
     }
 }

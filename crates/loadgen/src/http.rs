@@ -34,6 +34,24 @@ pub(crate) fn get_request(path: &str, host: &str, close: bool) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A response head, read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Head {
+    pub status: u16,
+    /// Bytes of the head itself.
+    pub head_len: u64,
+    pub content_length: u64,
+    /// Body bytes that arrived with the head.
+    pub have: u64,
+}
+
+impl Head {
+    /// Body bytes still to come.
+    pub fn body_left(&self) -> u64 {
+        self.content_length - self.have
+    }
+}
+
 /// Reads one 200 response into `buf` (reused) and returns its body length,
 /// counting received bytes that arrive inside the window into `bytes`.
 pub(crate) async fn read_response<S: AsyncRead + Unpin>(
@@ -42,8 +60,22 @@ pub(crate) async fn read_response<S: AsyncRead + Unpin>(
     clock: &Clock,
     bytes: &mut u64,
 ) -> Result<u64, OpError> {
+    let head = read_head(s, buf, clock, bytes).await?;
+    read_body(s, buf, &head, clock, bytes).await?;
+    Ok(head.content_length)
+}
+
+/// Reads a response head (and whatever body bytes come with it): a
+/// non-200 status is an error only once the body is read, so that the
+/// connection stays usable.
+pub(crate) async fn read_head<S: AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut [u8],
+    clock: &Clock,
+    bytes: &mut u64,
+) -> Result<Head, OpError> {
     let mut filled = 0;
-    let (status, content_length, head_len) = loop {
+    loop {
         if filled == buf.len().min(MAX_HEAD) {
             return Err(OpError::new("protocol", "response head too large"));
         }
@@ -62,24 +94,40 @@ pub(crate) async fn read_response<S: AsyncRead + Unpin>(
             Ok(httparse::Status::Partial) => continue,
             Ok(httparse::Status::Complete(head_len)) => {
                 let status = response.code.unwrap_or(0);
-                let length = response
+                let content_length = response
                     .headers
                     .iter()
                     .find(|h| h.name.eq_ignore_ascii_case("content-length"))
                     .and_then(|h| std::str::from_utf8(h.value).ok())
                     .and_then(|v| v.trim().parse::<u64>().ok())
                     .ok_or_else(|| OpError::new("protocol", "response without Content-Length"))?;
-                break (status, length, head_len);
+                let have = (filled - head_len) as u64;
+                if have > content_length {
+                    return Err(OpError::new("protocol", "bytes after the response body"));
+                }
+                return Ok(Head {
+                    status,
+                    head_len: head_len as u64,
+                    content_length,
+                    have,
+                });
             }
             Err(e) => return Err(OpError::new("protocol", e)),
         }
-    };
-    let mut have = (filled - head_len) as u64;
-    if have > content_length {
-        return Err(OpError::new("protocol", "bytes after the response body"));
     }
-    while have < content_length {
-        let want = (content_length - have).min(buf.len() as u64) as usize;
+}
+
+/// Reads the rest of the body `head` announced.
+pub(crate) async fn read_body<S: AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut [u8],
+    head: &Head,
+    clock: &Clock,
+    bytes: &mut u64,
+) -> Result<(), OpError> {
+    let mut left = head.body_left();
+    while left > 0 {
+        let want = left.min(buf.len() as u64) as usize;
         let n = s
             .read(&mut buf[..want])
             .await
@@ -88,12 +136,17 @@ pub(crate) async fn read_response<S: AsyncRead + Unpin>(
             return Err(OpError::new("read", "connection closed inside the body"));
         }
         count(clock, bytes, n);
-        have += n as u64;
+        left -= n as u64;
     }
-    if status != 200 {
-        return Err(OpError::new("status", format!("HTTP {status}")));
+    ok_status(head)
+}
+
+/// A response other than 200 is an error the report counts.
+pub(crate) fn ok_status(head: &Head) -> Result<(), OpError> {
+    if head.status != 200 {
+        return Err(OpError::new("status", format!("HTTP {}", head.status)));
     }
-    Ok(content_length)
+    Ok(())
 }
 
 /// After a `Connection: close` response, waits (briefly) for the server to
@@ -111,7 +164,7 @@ pub(crate) async fn await_close<S: AsyncRead + Unpin>(s: &mut S, buf: &mut [u8])
     .await;
 }
 
-fn count(clock: &Clock, bytes: &mut u64, n: usize) {
+pub(crate) fn count(clock: &Clock, bytes: &mut u64, n: usize) {
     if clock.in_window(Instant::now()) {
         *bytes += n as u64;
     }

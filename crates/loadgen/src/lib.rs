@@ -3,7 +3,9 @@
 //! It drives real TLS connections over real sockets, but skips certificate
 //! chain and signature verification (as Tempesta's tls-perf does): an ECDSA
 //! verify costs about three signs, and a generator that verified would run
-//! out of CPU long before the server under test.
+//! out of CPU long before the server under test. For the same reason a big
+//! body of a `Connection: close` response is dropped in the kernel unread
+//! (`recv(MSG_TRUNC)`) once its head has been checked.
 //!
 //! Every job has the same shape: worker threads (each pinned to a client
 //! core, each with its own current-thread runtime) start together, run a
@@ -22,6 +24,7 @@ mod stats;
 mod stream;
 mod transfer;
 mod verify;
+mod wire;
 
 pub use cpu::thread_cpu_ns;
 pub use engine::{Observer, Window};

@@ -87,6 +87,8 @@ fn quick_bench_measures_every_scenario_on_every_target() {
     for c in cross {
         assert!(c["operations"].as_u64().unwrap() > 0, "{c}");
         assert!(c["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{c}");
+        // ... and the bench's generator at the same load, right after.
+        assert!(c["bench_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{c}");
     }
     // The floor was measured and every handshake kind has one.
     let bounds = &results["bounds"]["ops_ns"];
