@@ -277,20 +277,13 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
                 ns: (ns - base).max(0.0),
             })
             .collect();
+        // Reported by `calibrate`'s output, from the model.
         for (i, measured_ns) in smooth_regime_flips(&mut curve) {
-            let p = curve[i];
-            tracing::warn!(
-                "{} {} B: {:.0} MB per CPU-second is far from both neighbours: a regime flip, replaced by their interpolation ({:.0})",
-                cipher_name(*cipher),
-                p.bytes,
-                p.bytes * 1e3 / measured_ns.max(1.0),
-                p.bytes * 1e3 / p.ns.max(1.0)
-            );
             model.replaced.push(ReplacedPoint {
                 cipher: cipher_name(*cipher).into(),
-                bytes: p.bytes,
+                bytes: curve[i].bytes,
                 measured_ns,
-                used_ns: p.ns,
+                used_ns: curve[i].ns,
             });
         }
         model.byte_curve.insert(cipher_name(*cipher).into(), curve);

@@ -398,21 +398,20 @@ async fn discard_rest(
     let (wire, conn) = tls.get_mut();
     // What rustls has decrypted (it holds no part of a record: see Wire).
     let mut arrived = 0u64;
+    let mut took = |n: usize| {
+        count(clock, bytes, n);
+        arrived += n as u64;
+    };
     loop {
         match std::io::Read::read(&mut conn.reader(), scratch) {
             Ok(0) => break,
-            Ok(n) => {
-                count(clock, bytes, n);
-                arrived += n as u64;
-            }
+            Ok(n) => took(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
             Err(e) => return Err(OpError::new("read", e)),
         }
     }
     // What the buffer below rustls holds, then the socket, to its end.
-    let buffered = wire.discard_buffered();
-    count(clock, bytes, buffered);
-    arrived += buffered as u64;
+    took(wire.discard_buffered());
     let tcp = wire.socket();
     loop {
         tcp.readable().await.map_err(|e| OpError::new("read", e))?;
@@ -425,10 +424,7 @@ async fn discard_rest(
         });
         match r {
             Ok(0) => break,
-            Ok(n) => {
-                count(clock, bytes, n);
-                arrived += n as u64;
-            }
+            Ok(n) => took(n),
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(OpError::new("read", e)),
         }
