@@ -12,7 +12,8 @@ use tlsgate_bench::{BenchOptions, Cell, Runner, Target, TargetKind};
 use tlsgate_loadgen::{Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, Version, Window};
 
 use crate::model::{
-    cipher_name, smooth_regime_flips, BytePoint, CostError, Model, ReplacedPoint, Workload,
+    cipher_name, curve_key, smooth_regime_flips, BytePoint, CostError, Model, ReplacedPoint,
+    Workload,
 };
 
 /// The response of the handshake measurements.
@@ -215,27 +216,35 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         );
     }
     model.handshake_response_bytes = median(response_bytes);
-    // Bytes: new connections (full TLS 1.3 ECDSA handshakes) fetching the
-    // small response and each curve size; the difference to the small one
-    // is the size's byte term, so the connection's own cost cancels out.
-    let ciphers = [
-        Cipher::Aes128Gcm,
-        Cipher::Aes256Gcm,
-        Cipher::Chacha20Poly1305,
-    ];
+    // Bytes: new connections (full ECDSA handshakes of each version)
+    // fetching the small response and each curve size; the difference to
+    // the small one is the size's byte term, so the connection's own cost
+    // cancels out.
+    let curves: Vec<(Version, Cipher)> = [Version::Tls13, Version::Tls12]
+        .into_iter()
+        .flat_map(|v| {
+            [
+                Cipher::Aes128Gcm,
+                Cipher::Aes256Gcm,
+                Cipher::Chacha20Poly1305,
+            ]
+            .map(|c| (v, c))
+        })
+        .collect();
     let all_sizes: Vec<u64> = std::iter::once(SMALL)
         .chain(sizes.iter().copied())
         .collect();
     let mut plan = Vec::new();
-    for cipher in ciphers {
+    for &(version, cipher) in &curves {
         for &size in &all_sizes {
-            plan.push((cipher, size, materials.file(size)?));
+            plan.push((version, cipher, size, materials.file(size)?));
         }
     }
     let cases: Vec<Case<'_>> = plan
         .iter()
-        .map(|(cipher, size, path)| {
+        .map(|(version, cipher, size, path)| {
             let profile = TlsProfile {
+                version: *version,
                 cipher: *cipher,
                 ..TlsProfile::tls13_ecdsa()
             };
@@ -243,7 +252,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
             Case {
                 name: format!(
                     "{} {} per txn",
-                    cipher_name(*cipher),
+                    curve_key(*version, *cipher),
                     tlsgate_bench::materials::size_name(*size)
                 ),
                 job: Box::new(move |t: &Target| {
@@ -256,7 +265,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
     let per_txn_ns: Vec<f64> = plan
         .iter()
         .zip(&measured)
-        .map(|((_, size, _), cells)| {
+        .map(|((_, _, size, _), cells)| {
             median(
                 cells
                     .iter()
@@ -265,8 +274,8 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
             )
         })
         .collect();
-    for (i, cipher) in ciphers.iter().enumerate() {
-        let row = &per_txn_ns[i * all_sizes.len()..(i + 1) * all_sizes.len()];
+    for (row, &(version, cipher)) in per_txn_ns.chunks(all_sizes.len()).zip(&curves) {
+        let key = curve_key(version, cipher);
         let base = row[0];
         let mut curve: Vec<BytePoint> = all_sizes
             .iter()
@@ -280,13 +289,13 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         // Reported by `calibrate`'s output, from the model.
         for (i, measured_ns) in smooth_regime_flips(&mut curve) {
             model.replaced.push(ReplacedPoint {
-                cipher: cipher_name(*cipher).into(),
+                curve: key.clone(),
                 bytes: curve[i].bytes,
                 measured_ns,
                 used_ns: curve[i].ns,
             });
         }
-        model.byte_curve.insert(cipher_name(*cipher).into(), curve);
+        model.byte_curve.insert(key, curve);
     }
     Ok(model)
 }

@@ -163,7 +163,7 @@ pub fn run(cmd: CostCommand) -> ExitCode {
                     for r in &m.replaced {
                         println!(
                             "  replaced  {:<24} {} B measured {:.1} µs CPU, far from both neighbours (a regime flip, docs/bench.md): {:.1} µs used",
-                            r.cipher,
+                            r.curve,
                             r.bytes,
                             r.measured_ns / 1e3,
                             r.used_ns / 1e3

@@ -136,12 +136,15 @@ fn cost_model_calibrates_predicts_and_validates() {
     ] {
         assert!(m["handshake_us"][kind].as_f64().unwrap() > 0.0, "{kind}");
     }
-    for cipher in ["AES-128-GCM", "AES-256-GCM", "CHACHA20-POLY1305"] {
-        // A point per calibrated size, each bigger transaction costing more.
-        let curve = m["byte_curve"][cipher].as_array().unwrap();
-        assert_eq!(curve.len(), 3, "{cipher}: {curve:?}");
-        let ns: Vec<f64> = curve.iter().map(|p| p["ns"].as_f64().unwrap()).collect();
-        assert!(ns[0] > 0.0 && ns[2] > ns[0], "{cipher}: {curve:?}");
+    for version in ["TLS1.3", "TLS1.2"] {
+        for cipher in ["AES-128-GCM", "AES-256-GCM", "CHACHA20-POLY1305"] {
+            // A point per calibrated size, each bigger transaction costing more.
+            let key = format!("{version} {cipher}");
+            let curve = m["byte_curve"][&key].as_array().unwrap();
+            assert_eq!(curve.len(), 3, "{key}: {curve:?}");
+            let ns: Vec<f64> = curve.iter().map(|p| p["ns"].as_f64().unwrap()).collect();
+            assert!(ns[0] > 0.0 && ns[2] > ns[0], "{key}: {curve:?}");
+        }
     }
 
     let predict = Command::new(bin())
