@@ -19,6 +19,7 @@ use tlsgate_loadgen::{HandshakeJob, Pacing, TlsProfile, TransferJob, Window};
 
 use crate::error::BenchError;
 use crate::materials::{Materials, SERVER_NAME};
+use crate::proc::CoreTicks;
 use crate::report::Results;
 use crate::runner::{Job, Runner};
 use crate::scenario::BenchOptions;
@@ -49,6 +50,25 @@ pub struct CrossCheck {
     /// handshake or transfer scenario, µs (0 if not measured).
     #[serde(default)]
     pub bench_saturated_cpu_us_per_op: f64,
+    /// Busy share of the generator's core while the tool ran (0 when the
+    /// generator is not pinned): whether the server's replies found its
+    /// client running or had to wake it.
+    #[serde(default)]
+    pub tool_generator_busy: f64,
+    /// The same while the bench's generator ran at the tool's load.
+    #[serde(default)]
+    pub bench_generator_busy: f64,
+}
+
+/// Busy share of `core` while `f` runs (0 without a core).
+fn on_core<T>(core: Option<usize>, f: impl FnOnce() -> T) -> (T, f64) {
+    let before = core.and_then(CoreTicks::now);
+    let out = f();
+    let busy = match (before, core.and_then(CoreTicks::now)) {
+        (Some(a), Some(b)) => b.busy_since(&a),
+        _ => 0.0,
+    };
+    (out, busy)
 }
 
 fn tool_command(core: Option<usize>, program: &str) -> Command {
@@ -196,38 +216,43 @@ pub fn run(
                 cmd
             })
             .collect();
-        let (outs, cpu) = run_tools(&target, cmds, "openssl s_time")?;
+        let (tool, tool_busy) = on_core(client, || run_tools(&target, cmds, "openssl s_time"));
+        let (outs, cpu) = tool?;
         let (n, t) = sum_runs(&outs, parse_s_time, "openssl s_time")?;
         let rate = n as f64 / t.max(1e-9);
         let profile = TlsProfile::tls13_ecdsa();
-        let same_load = Runner::measure(
-            &mut target,
-            "crosscheck",
-            "handshake at s_time's rate",
-            0,
-            Job::Handshake(HandshakeJob {
-                addr,
-                server_name: SERVER_NAME.into(),
-                profile: profile.clone(),
-                path: small.clone(),
-                pacing: Pacing::Open {
-                    per_second: rate.max(1.0),
-                    max_in_flight: 4096,
-                },
-                window,
-                cores: opts.placement.client_cores.clone(),
-                busy_poll: false,
-            }),
-        )?;
+        let (same_load, bench_busy) = on_core(client, || {
+            Runner::measure(
+                &mut target,
+                "crosscheck",
+                "handshake at s_time's rate",
+                0,
+                Job::Handshake(HandshakeJob {
+                    addr,
+                    server_name: SERVER_NAME.into(),
+                    profile: profile.clone(),
+                    path: small.clone(),
+                    pacing: Pacing::Open {
+                        per_second: rate.max(1.0),
+                        max_in_flight: 4096,
+                    },
+                    window,
+                    cores: opts.placement.client_cores.clone(),
+                    busy_poll: false,
+                }),
+            )
+        });
+        let same_load = same_load?;
         rows.push(row(
             results,
             *kind,
             ("handshake", &profile.label()),
             format!("{S_TIME_PROCESSES} × openssl s_time -new -tls1_3"),
-            (n, t, cpu),
+            (n, t, cpu, tool_busy),
             (
                 same_load.server_cpu_us_per_op,
                 format!("open loop, {rate:.0}/s"),
+                bench_busy,
             ),
         ));
         // Keep-alive transfers of 64 KiB over 100 connections.
@@ -236,32 +261,37 @@ pub fn run(
             .arg(format!("-c{WRK_CONNECTIONS}"))
             .arg(format!("-d{secs}s"))
             .arg(format!("https://127.0.0.1:{port}{medium}"));
-        let (outs, cpu) = run_tools(&target, vec![cmd], "wrk")?;
+        let (tool, tool_busy) = on_core(client, || run_tools(&target, vec![cmd], "wrk"));
+        let (outs, cpu) = tool?;
         let (n, t) = sum_runs(&outs, parse_wrk, "wrk")?;
-        let same_load = Runner::measure(
-            &mut target,
-            "crosscheck",
-            "transfer like wrk",
-            0,
-            Job::Transfer(TransferJob {
-                addr,
-                server_name: SERVER_NAME.into(),
-                profile,
-                path: medium.clone(),
-                connections: WRK_CONNECTIONS,
-                window,
-                cores: opts.placement.client_cores.clone(),
-            }),
-        )?;
+        let (same_load, bench_busy) = on_core(client, || {
+            Runner::measure(
+                &mut target,
+                "crosscheck",
+                "transfer like wrk",
+                0,
+                Job::Transfer(TransferJob {
+                    addr,
+                    server_name: SERVER_NAME.into(),
+                    profile,
+                    path: medium.clone(),
+                    connections: WRK_CONNECTIONS,
+                    window,
+                    cores: opts.placement.client_cores.clone(),
+                }),
+            )
+        });
+        let same_load = same_load?;
         rows.push(row(
             results,
             *kind,
             ("transfer", "64k"),
             format!("wrk -t1 -c{WRK_CONNECTIONS}"),
-            (n, t, cpu),
+            (n, t, cpu, tool_busy),
             (
                 same_load.server_cpu_us_per_op,
                 format!("{WRK_CONNECTIONS} keep-alive connections"),
+                bench_busy,
             ),
         ));
         drop(target);
@@ -271,15 +301,16 @@ pub fn run(
     Ok(())
 }
 
-/// A cross-check row: the tool's `(operations, seconds, server CPU ns)`,
-/// the bench's figure at the same load and what that load was.
+/// A cross-check row: the tool's `(operations, seconds, server CPU ns,
+/// generator core busy)`, the bench's figure at the same load, what that
+/// load was and how busy it kept the generator's core.
 fn row(
     results: &Results,
     target: TargetKind,
     (scenario, case): (&str, &str),
     tool: String,
-    (operations, secs, cpu_ns): (u64, f64, u64),
-    (bench_cpu_us_per_op, bench_load): (f64, String),
+    (operations, secs, cpu_ns, tool_generator_busy): (u64, f64, u64, f64),
+    (bench_cpu_us_per_op, bench_load, bench_generator_busy): (f64, String, f64),
 ) -> CrossCheck {
     CrossCheck {
         target,
@@ -293,6 +324,8 @@ fn row(
         bench_saturated_cpu_us_per_op: results
             .summary(scenario, case, target)
             .map_or(0.0, |s| s.cpu_us_per_op),
+        tool_generator_busy,
+        bench_generator_busy,
     }
 }
 

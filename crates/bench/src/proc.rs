@@ -100,6 +100,50 @@ fn ticks_ns(pid: u32) -> Option<u64> {
     Some(ticks * 10_000_000)
 }
 
+/// Time one core has spent, from /proc/stat, in USER_HZ ticks: how busy a
+/// load generator's core was while a tool ran on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoreTicks {
+    /// Not idle (user, nice, system, irq, softirq, steal).
+    pub busy: u64,
+    /// Busy and idle (idle, iowait).
+    pub total: u64,
+}
+
+impl CoreTicks {
+    /// The core's ticks so far, or `None` for a core /proc/stat does not list.
+    pub fn now(core: usize) -> Option<Self> {
+        Self::parse(&fs::read_to_string("/proc/stat").ok()?, core)
+    }
+
+    fn parse(stat: &str, core: usize) -> Option<Self> {
+        let name = format!("cpu{core}");
+        let line = stat
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(|v| v.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal (guest time is
+        // already inside user).
+        let idle = *f.get(3)? + *f.get(4)?;
+        let total: u64 = f.iter().sum();
+        Some(Self {
+            busy: total - idle,
+            total,
+        })
+    }
+
+    /// The busy share of the time between `earlier` and `self`.
+    pub fn busy_since(&self, earlier: &Self) -> f64 {
+        let total = self.total.saturating_sub(earlier.total);
+        self.busy.saturating_sub(earlier.busy) as f64 / total.max(1) as f64
+    }
+}
+
 fn pss_bytes(pid: u32) -> u64 {
     let Ok(text) = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) else {
         return 0;
@@ -113,6 +157,31 @@ fn pss_bytes(pid: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cores_ticks_are_read_from_its_own_line() {
+        let stat = "cpu  10 0 10 80 0 0 0 0 0 0\n\
+                    cpu0 5 0 5 40 0 0 0 0 0 0\n\
+                    cpu1 1 2 3 4 5 6 7 8 9 10\n\
+                    intr 1 2 3\n";
+        assert_eq!(
+            CoreTicks::parse(stat, 1),
+            Some(CoreTicks {
+                busy: 1 + 2 + 3 + 6 + 7 + 8,
+                total: 36
+            })
+        );
+        assert_eq!(CoreTicks::parse(stat, 2), None);
+        let a = CoreTicks {
+            busy: 10,
+            total: 100,
+        };
+        let b = CoreTicks {
+            busy: 40,
+            total: 140,
+        };
+        assert!((b.busy_since(&a) - 0.75).abs() < 1e-12);
+    }
 
     #[test]
     fn a_busy_child_is_found_and_its_cpu_counted() {

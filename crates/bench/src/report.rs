@@ -350,7 +350,7 @@ impl Results {
         if !self.crosschecks.is_empty() {
             let _ = writeln!(
                 out,
-                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own generator driving the same target at the same load right after (s_time's rate, open loop; wrk's connections). CPU per operation depends on load: s_time keeps a server partly idle, so the bench's saturated figure (last column, from this run's handshake or transfer scenario) is not the one to compare with.\n\n| target | case | tool | ops/s | server CPU µs/op | bench at the same load | bench CPU µs/op | tool ÷ bench | bench saturated µs/op |\n|---|---|---|---:|---:|---|---:|---:|---:|"
+                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own generator driving the same target at the same load right after (s_time's rate, open loop; wrk's connections). CPU per operation depends on load: s_time keeps a server partly idle, so the bench's saturated figure (last column, from this run's handshake or transfer scenario) is not the one to compare with. So does whether the server's replies find the client running or must wake it: the generator core's busy share is shown for both.\n\n| target | case | tool | ops/s | server CPU µs/op | bench at the same load | bench CPU µs/op | tool ÷ bench | generator core busy, tool / bench | bench saturated µs/op |\n|---|---|---|---:|---:|---|---:|---:|---:|---:|"
             );
             for c in &self.crosschecks {
                 let ratio = if c.bench_cpu_us_per_op > 0.0 {
@@ -365,14 +365,16 @@ impl Results {
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | `{}` | {:.0} | {:.1} | {} | {:.1} | {ratio} | {saturated} |",
+                    "| {} | {} | `{}` | {:.0} | {:.1} | {} | {:.1} | {ratio} | {:.0} % / {:.0} % | {saturated} |",
                     c.target,
                     c.case,
                     c.tool,
                     c.operations as f64 / c.secs.max(1e-9),
                     c.server_cpu_us_per_op,
                     c.bench_load,
-                    c.bench_cpu_us_per_op
+                    c.bench_cpu_us_per_op,
+                    c.tool_generator_busy * 100.0,
+                    c.bench_generator_busy * 100.0
                 );
             }
         }

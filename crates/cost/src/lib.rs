@@ -16,6 +16,7 @@
 
 mod measure;
 mod model;
+mod speed;
 
 pub use measure::{calibrate, validate, Validation, ValidationRow};
 pub use model::{

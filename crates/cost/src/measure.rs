@@ -15,6 +15,7 @@ use crate::model::{
     cipher_name, curve_key, smooth_regime_flips, BytePoint, CostError, Model, ReplacedPoint,
     Workload,
 };
+use crate::speed;
 
 /// The response of the handshake measurements.
 const SMALL: u64 = 1 << 10;
@@ -72,24 +73,57 @@ struct Case<'a> {
     job: Box<dyn Fn(&Target) -> Job + 'a>,
 }
 
+/// A measured cell and the machine's speed around it.
+struct Measured {
+    cell: Cell,
+    /// Reference CPU ns per round ([`speed::reference_ns`]), the mean of
+    /// one run just before the cell and one just after.
+    reference_ns: f64,
+}
+
+impl Measured {
+    /// Server CPU seconds at a machine speed of `reference_ns` (the
+    /// measured ones when that is 0: a model from before references).
+    fn cpu_secs_at(&self, reference_ns: f64) -> f64 {
+        if reference_ns > 0.0 && self.reference_ns > 0.0 {
+            self.cell.server_cpu_secs * reference_ns / self.reference_ns
+        } else {
+            self.cell.server_cpu_secs
+        }
+    }
+}
+
 /// Measures every case `opts.repeats` times, interleaved (each repeat
 /// runs every case once, in turn), so that a slow spell of a shared
 /// machine lands on one repeat of many cases, which the median drops,
-/// rather than on every repeat of one case. The cells of each case, in
-/// the order of `cases`.
+/// rather than on every repeat of one case; each cell bracketed by the
+/// speed reference on the server's core. The cells of each case, in the
+/// order of `cases`.
 fn interleaved(
     opts: &BenchOptions,
     t: &mut Target,
     cases: &[Case<'_>],
-) -> Result<Vec<Vec<Cell>>, CostError> {
-    let mut cells: Vec<Vec<Cell>> = cases.iter().map(|_| Vec::new()).collect();
+) -> Result<Vec<Vec<Measured>>, CostError> {
+    let core = opts.placement.server_core;
+    let mut cells: Vec<Vec<Measured>> = cases.iter().map(|_| Vec::new()).collect();
     for r in 0..opts.repeats {
         for (case, out) in cases.iter().zip(cells.iter_mut()) {
-            tracing::info!("cost: {} [{}/{}]", case.name, r + 1, opts.repeats);
             let j = (case.job)(t);
+            let before = speed::reference_ns(core)?;
             let cell = Runner::measure(t, "cost", &case.name, r, j)?;
+            let reference_ns = (before + speed::reference_ns(core)?) / 2.0;
             check_failures(&case.name, &cell)?;
-            out.push(cell);
+            tracing::info!(
+                "cost: {} [{}/{}]: {:.3} s server CPU for {} operations and {} bytes; reference {:.0} ns",
+                case.name,
+                r + 1,
+                opts.repeats,
+                cell.server_cpu_secs,
+                cell.load.operations,
+                cell.load.bytes,
+                reference_ns
+            );
+            out.push(Measured { cell, reference_ns });
         }
     }
     Ok(cells)
@@ -187,6 +221,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
         byte_curve: Default::default(),
         handshake_response_bytes: 0.0,
         replaced: Vec::new(),
+        reference_ns: 0.0,
     };
     let kinds = handshake_kinds();
     let with_client_certs = kinds.iter().map(|p| TlsProfile {
@@ -203,16 +238,32 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
             }),
         })
         .collect();
+    let handshakes = interleaved(opts, &mut target, &cases)?;
+    // The model's speed: the median of the handshake cells' references;
+    // every figure is stated at it.
+    model.reference_ns = median(
+        handshakes
+            .iter()
+            .flatten()
+            .map(|m| m.reference_ns)
+            .collect(),
+    );
+    let at = model.reference_ns;
     let mut response_bytes = Vec::new();
-    for (case, cells) in cases.iter().zip(interleaved(opts, &mut target, &cases)?) {
+    for (case, cells) in cases.iter().zip(handshakes) {
         model.handshake_us.insert(
             case.name.clone(),
-            median(cells.iter().map(|c| c.server_cpu_us_per_op).collect()),
+            median(
+                cells
+                    .iter()
+                    .map(|m| m.cpu_secs_at(at) * 1e6 / m.cell.load.operations.max(1) as f64)
+                    .collect(),
+            ),
         );
         response_bytes.extend(
             cells
                 .iter()
-                .map(|c| c.load.bytes as f64 / c.load.operations.max(1) as f64),
+                .map(|m| m.cell.load.bytes as f64 / m.cell.load.operations.max(1) as f64),
         );
     }
     model.handshake_response_bytes = median(response_bytes);
@@ -269,7 +320,7 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
             median(
                 cells
                     .iter()
-                    .map(|c| c.server_cpu_secs * 1e9 / transactions(c, *size).max(1e-9))
+                    .map(|m| m.cpu_secs_at(at) * 1e9 / transactions(&m.cell, *size).max(1e-9))
                     .collect(),
             )
         })
@@ -307,14 +358,22 @@ pub struct ValidationRow {
     pub workload: String,
     /// Predicted maximum transactions per second per core.
     pub predicted_tps_per_core: f64,
-    /// Measured: transactions per server CPU-second.
+    /// Measured: transactions per server CPU-second, at the model's
+    /// machine speed (from the speed reference around each cell).
     pub measured_tps_per_core: f64,
+    /// The same as measured, at the machine's speed during the run.
+    pub measured_tps_per_core_raw: f64,
+    /// The machine's speed during the run relative to the calibration's
+    /// (above 1: faster now; 0: the model has no reference).
+    pub speed: f64,
     /// Transactions per second the server actually reached (wall clock).
     pub measured_tps: f64,
     /// Server core utilization during the measurement.
     pub server_utilization: f64,
-    /// (predicted − measured) / measured.
+    /// (predicted − measured) / measured, at the model's machine speed.
     pub error: f64,
+    /// The same with the measurement as taken.
+    pub error_raw: f64,
 }
 
 /// The validation table.
@@ -333,17 +392,20 @@ impl Validation {
     /// A Markdown table.
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| workload | predicted txn/s per core | measured txn/s per core | measured txn/s | server CPU % | error |\n|---|---:|---:|---:|---:|---:|\n",
+            "| workload | predicted txn/s per core | measured txn/s per core (at calibration speed) | error | machine speed vs calibration | measured txn/s per core (as taken) | error as taken | measured txn/s | server CPU % |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
         );
         for r in &self.rows {
             out.push_str(&format!(
-                "| {} | {:.1} | {:.1} | {:.1} | {:.0} | {:+.1} % |\n",
+                "| {} | {:.1} | {:.1} | {:+.1} % | {:.3} | {:.1} | {:+.1} % | {:.1} | {:.0} |\n",
                 r.workload,
                 r.predicted_tps_per_core,
                 r.measured_tps_per_core,
+                r.error * 100.0,
+                r.speed,
+                r.measured_tps_per_core_raw,
+                r.error_raw * 100.0,
                 r.measured_tps,
                 r.server_utilization * 100.0,
-                r.error * 100.0
             ));
         }
         out
@@ -408,12 +470,26 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
     let mut rows = Vec::new();
     for (((size, profile, _), case), cells) in plan.iter().zip(&cases).zip(measured) {
         let txn = |c: &Cell| transactions(c, *size);
-        let measured = median(
-            cells
-                .iter()
-                .map(|c| txn(c) / c.server_cpu_secs.max(1e-9))
-                .collect(),
-        );
+        let per_cpu_second = |at: f64| {
+            median(
+                cells
+                    .iter()
+                    .map(|m| txn(&m.cell) / m.cpu_secs_at(at).max(1e-9))
+                    .collect(),
+            )
+        };
+        let measured = per_cpu_second(model.reference_ns);
+        let measured_raw = per_cpu_second(0.0);
+        let speed = if model.reference_ns > 0.0 {
+            median(
+                cells
+                    .iter()
+                    .map(|m| model.reference_ns / m.reference_ns.max(1e-9))
+                    .collect(),
+            )
+        } else {
+            0.0
+        };
         let predicted = model
             .predict(&Workload {
                 rate: 1.0,
@@ -429,9 +505,17 @@ pub fn validate(model: &Model, opts: &BenchOptions) -> Result<Validation, CostEr
             workload: case.name.clone(),
             predicted_tps_per_core: predicted,
             measured_tps_per_core: measured,
-            measured_tps: median(cells.iter().map(|c| txn(c) / c.load.window_secs).collect()),
-            server_utilization: median(cells.iter().map(|c| c.server_utilization).collect()),
+            measured_tps_per_core_raw: measured_raw,
+            speed,
+            measured_tps: median(
+                cells
+                    .iter()
+                    .map(|m| txn(&m.cell) / m.cell.load.window_secs)
+                    .collect(),
+            ),
+            server_utilization: median(cells.iter().map(|m| m.cell.server_utilization).collect()),
             error: (predicted - measured) / measured.max(1e-9),
+            error_raw: (predicted - measured_raw) / measured_raw.max(1e-9),
         });
     }
     Ok(Validation { rows })

@@ -75,6 +75,12 @@ pub struct Model {
     /// [`smooth_regime_flips`]).
     #[serde(default)]
     pub replaced: Vec<ReplacedPoint>,
+    /// The machine's speed the figures are stated at: CPU ns per round of
+    /// the speed reference (`speed.rs`), the median over the handshake
+    /// cells; each cell's CPU was scaled from the reference measured
+    /// around it to this one. 0 in files from before references.
+    #[serde(default)]
+    pub reference_ns: f64,
 }
 
 /// A measured curve point set aside as a regime flip.
@@ -426,6 +432,7 @@ mod tests {
             byte_curve,
             handshake_response_bytes: 1000.0,
             replaced: Vec::new(),
+            reference_ns: 0.0,
         }
     }
 

@@ -147,6 +147,10 @@ pub fn run(cmd: CostCommand) -> ExitCode {
             match tlsgate_cost::calibrate(&opts).and_then(|m| m.save(&model).map(|_| m)) {
                 Ok(m) => {
                     println!("calibrated on {} ({}):", m.machine, m.date);
+                    println!(
+                        "  speed     reference {:.0} ns CPU per round (every figure is stated at this speed)",
+                        m.reference_ns
+                    );
                     for (k, v) in &m.handshake_us {
                         println!("  handshake {k:<24} {v:>9.1} µs CPU");
                     }
