@@ -116,7 +116,7 @@ impl Bounds {
 }
 
 /// CPU ns per call of `op`, median over `rounds` spans.
-fn per_op(span: Duration, rounds: usize, mut op: impl FnMut()) -> f64 {
+pub(crate) fn per_op(span: Duration, rounds: usize, mut op: impl FnMut()) -> f64 {
     let mut results = Vec::new();
     for _ in 0..rounds {
         let start = Instant::now();
@@ -133,7 +133,7 @@ fn per_op(span: Duration, rounds: usize, mut op: impl FnMut()) -> f64 {
 
 type Costs = (BTreeMap<String, f64>, BTreeMap<String, f64>);
 
-fn crypto<E>(what: &str) -> impl FnOnce(E) -> BenchError + '_ {
+pub(crate) fn crypto<E>(what: &str) -> impl FnOnce(E) -> BenchError + '_ {
     move |_| BenchError::Other(format!("bound: {what} failed in aws-lc"))
 }
 

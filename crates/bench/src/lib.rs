@@ -14,6 +14,7 @@ pub mod proc;
 pub mod report;
 pub mod runner;
 pub mod scenario;
+pub mod speed;
 pub mod targets;
 
 pub use error::BenchError;

@@ -8,7 +8,7 @@
 //! small request), `r` the share of resumed handshakes, `T` the bytes per
 //! transaction and `B_cipher` the record layer's CPU for them, a calibrated
 //! curve per protocol version and cipher (seed 002 has `T·b_cipher`); all
-//! at the calibration's machine speed (`speed.rs`). CPU-seconds
+//! at the calibration's machine speed (`tlsgate_bench::speed`). CPU-seconds
 //! per second are `N·cpu(txn)` for `N` transactions per second; one core
 //! serves at most `1 / cpu(txn)`. The coefficients are measured on the
 //! machine (`calibrate`), and the model is checked against measurement
@@ -17,7 +17,6 @@
 
 mod measure;
 mod model;
-mod speed;
 
 pub use measure::{calibrate, validate, Validation, ValidationRow};
 pub use model::{

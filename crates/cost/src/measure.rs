@@ -8,6 +8,7 @@ use tlsgate_bench::materials::{Materials, MTLS_SERVER_NAME, SERVER_NAME};
 use tlsgate_bench::report::{median, Machine};
 use tlsgate_bench::runner::Job;
 use tlsgate_bench::scenario::handshake_kinds;
+use tlsgate_bench::speed;
 use tlsgate_bench::{BenchOptions, Cell, Runner, Target, TargetKind};
 use tlsgate_loadgen::{Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, Version, Window};
 
@@ -15,7 +16,6 @@ use crate::model::{
     cipher_name, curve_key, smooth_regime_flips, BytePoint, CostError, Model, ReplacedPoint,
     Workload,
 };
-use crate::speed;
 
 /// The response of the handshake measurements.
 const SMALL: u64 = 1 << 10;

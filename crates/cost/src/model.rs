@@ -64,9 +64,9 @@ pub struct Model {
     /// extrapolated with the last segment's slope. Measured with a
     /// generator that never sleeps, the cost per byte is nearly constant
     /// (AES-GCM within ~15 % from 256 KiB to 256 MiB); the curve follows
-    /// what is left of a size's own cost without a formula for it. TLS 1.2's
-    /// record layer costs ~7 % more per byte than TLS 1.3's (explicit nonce,
-    /// different key schedule), which one curve per cipher missed.
+    /// what is left of a size's own cost without a formula for it. Curves
+    /// are per version because the record layers differ (TLS 1.2's explicit
+    /// nonce); measured, they agree within noise on this machine.
     pub byte_curve: BTreeMap<String, Vec<BytePoint>>,
     /// Response bytes included in each handshake measurement (where the
     /// byte term starts).
@@ -76,7 +76,7 @@ pub struct Model {
     #[serde(default)]
     pub replaced: Vec<ReplacedPoint>,
     /// The machine's speed the figures are stated at: CPU ns per round of
-    /// the speed reference (`speed.rs`), the median over the handshake
+    /// the speed reference (`tlsgate_bench::speed`), the median over the handshake
     /// cells; each cell's CPU was scaled from the reference measured
     /// around it to this one. 0 in files from before references.
     #[serde(default)]

@@ -6,14 +6,14 @@
 //! hour later, each a median of five repeats. No model predicts a machine
 //! better than its speed varies, so each cell is bracketed by a reference
 //! workload on the server's core (idle between cells), and costs are
-//! stated at the model's reference speed.
+//! stated at the model's reference speed (`tlsgate cost`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_lc_rs::{aead, agreement, rand, signature};
-use tlsgate_loadgen::thread_cpu_ns;
 
-use crate::model::CostError;
+use crate::bound::{crypto, per_op};
+use crate::error::BenchError;
 
 /// How long the reference runs on each side of a cell.
 const SPAN: Duration = Duration::from_millis(150);
@@ -29,22 +29,21 @@ struct Reference {
     seq: u64,
 }
 
-fn failed<E>(_: E) -> CostError {
-    CostError::Workload("the speed reference's cryptography failed in aws-lc".into())
-}
-
 impl Reference {
-    fn new() -> Result<Self, CostError> {
+    fn new() -> Result<Self, BenchError> {
         let rng = rand::SystemRandom::new();
         let peer = agreement::EphemeralPrivateKey::generate(&agreement::X25519, &rng)
             .and_then(|k| k.compute_public_key())
-            .map_err(failed)?
+            .map_err(crypto("speed reference"))?
             .as_ref()
             .to_vec();
         let alg = &signature::ECDSA_P256_SHA256_ASN1_SIGNING;
-        let pkcs8 = signature::EcdsaKeyPair::generate_pkcs8(alg, &rng).map_err(failed)?;
-        let signer = signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref()).map_err(failed)?;
-        let key = aead::UnboundKey::new(&aead::AES_128_GCM, &[7u8; 16]).map_err(failed)?;
+        let pkcs8 = signature::EcdsaKeyPair::generate_pkcs8(alg, &rng)
+            .map_err(crypto("speed reference"))?;
+        let signer = signature::EcdsaKeyPair::from_pkcs8(alg, pkcs8.as_ref())
+            .map_err(crypto("speed reference"))?;
+        let key = aead::UnboundKey::new(&aead::AES_128_GCM, &[7u8; 16])
+            .map_err(crypto("speed reference"))?;
         Ok(Self {
             rng,
             peer,
@@ -82,28 +81,21 @@ impl Reference {
 }
 
 /// CPU ns per reference round on `core` now (run on a thread pinned there).
-pub fn reference_ns(core: Option<usize>) -> Result<f64, CostError> {
-    let run = move || -> Result<f64, CostError> {
-        if let Some(c) = core {
-            core_affinity::set_for_current(core_affinity::CoreId { id: c });
+pub fn reference_ns(core: Option<usize>) -> Result<f64, BenchError> {
+    let run = move || -> Result<f64, BenchError> {
+        if let Some(id) = core {
+            core_affinity::set_for_current(core_affinity::CoreId { id });
         }
         let mut r = Reference::new()?;
         // Warm: keys, caches and the core's clock.
         for _ in 0..20 {
             r.round();
         }
-        let start = Instant::now();
-        let cpu = thread_cpu_ns();
-        let mut n = 0u64;
-        while start.elapsed() < SPAN || n < 10 {
-            r.round();
-            n += 1;
-        }
-        Ok((thread_cpu_ns() - cpu) as f64 / n as f64)
+        Ok(per_op(SPAN, 1, || r.round()))
     };
     std::thread::spawn(run)
         .join()
-        .map_err(|_| CostError::Workload("the speed reference's thread failed".into()))?
+        .map_err(|_| BenchError::Other("the speed reference's thread panicked".into()))?
 }
 
 #[cfg(test)]
