@@ -324,6 +324,9 @@ const TLS13_SUITES: &str =
 /// Groups both OpenSSL 3.0 and rustls have (OpenSSL 3.0 has no ML-KEM).
 const GROUPS: &str = "X25519:P-256";
 
+/// TLS 1.2 sessions the bench's tlsgate keeps for resumption by ID.
+pub const TLSGATE_SESSION_CACHE: usize = 20_480;
+
 /// tlsgate: one worker, no admin listener, no access log.
 pub fn tlsgate_config(m: &Materials, addr: SocketAddr, s: &TargetSettings) -> String {
     format!(
@@ -355,7 +358,7 @@ cipher_suites = [
   "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256", "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
 ]
 key_exchange_groups = ["X25519", "secp256r1", "X25519MLKEM768"]
-session_cache_size = 20480
+session_cache_size = {session_cache}
 
 [[listener]]
 listen = ["{addr}"]
@@ -385,6 +388,7 @@ client_auth = "required"
 client_ca = "{client_ca}"
 "#,
         extra = s.tlsgate_server_extra,
+        session_cache = TLSGATE_SESSION_CACHE,
         root = m.root.display(),
         ecdsa_cert = m.ecdsa.cert.display(),
         ecdsa_key = m.ecdsa.key.display(),

@@ -41,6 +41,9 @@ pub enum CostError {
         /// The first failure.
         first: String,
     },
+    /// The server could not be brought to a steady state before measuring.
+    #[error("settling the server before measuring: {0}")]
+    Settle(String),
 }
 
 /// Coefficients measured on one machine.

@@ -140,6 +140,13 @@ fn cost_model_calibrates_predicts_and_validates() {
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr)
     );
+    // Both start from a server whose session cache has filled, as one
+    // that has served a while.
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("cost: settled:"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let m = json(&model);
     for kind in [
         "TLS1.3 ECDSA full",
@@ -241,11 +248,16 @@ fn cost_model_calibrates_predicts_and_validates() {
             .lines()
             .filter(|l| l.starts_with("| 1k per txn")
                 || l.starts_with("| 8m per txn")
-                || l.starts_with("| 2m per txn")
+                || l.starts_with("| 3m per txn")
                 || l.starts_with("| 64k per txn"))
             .count(),
         7,
         "{table}"
     );
     assert!(table.contains("worst error:"), "{table}");
+    assert!(
+        String::from_utf8_lossy(&validate.stderr).contains("cost: settled:"),
+        "{}",
+        String::from_utf8_lossy(&validate.stderr)
+    );
 }
