@@ -143,9 +143,10 @@ fn interleaved(
 /// Brings a freshly started server to the state of one that has served a
 /// while: its TLS 1.2 session cache full (twice turned over). Measured
 /// here: with the cache full, every handshake costs 4–9 % more CPU, TLS 1.3
-/// ones too (the cache's tens of MB spread the connections' allocations),
-/// so a fresh server measured against one whose cache filled mid-run
-/// disagreed by that much. Calibration and validation both start here.
+/// ones too, which never touch it (with a cache of 256 the effect is gone;
+/// the tens of MB of live entries are the likely cause, not profiled), so a
+/// fresh server measured against one whose cache filled mid-run disagreed
+/// by that much (docs/bench.md). Calibration and validation both start here.
 fn settle(opts: &BenchOptions, t: &mut Target, small: &str) -> Result<(), CostError> {
     let wanted = if opts.quick {
         // A smoke run: exercise the step, not the full turnover.
