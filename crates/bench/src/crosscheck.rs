@@ -94,6 +94,7 @@ fn run_tools(
     let before = target.tree().cpu_ns();
     let mut children = Vec::new();
     for mut cmd in cmds {
+        tlsgate_sys::ipc::terminate_with_spawning_thread(&mut cmd);
         let child = cmd
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

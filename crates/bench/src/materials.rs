@@ -2,12 +2,15 @@
 //! certificate for the same name, and a document root of files of the
 //! sizes the scenarios fetch (random bytes: nothing compresses).
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tlsgate_loadgen::ClientIdentity;
+use tlsgate_sys::resident::LockedFile;
 
 use crate::error::BenchError;
 
@@ -32,6 +35,9 @@ pub struct CertPair {
 /// The bench's working directory.
 #[derive(Debug)]
 pub struct Materials {
+    /// The served files, kept in memory: see [`Materials::file`].
+    /// (Before `dir`: unmapped before the directory goes.)
+    resident: Mutex<HashMap<String, LockedFile>>,
     dir: tempfile::TempDir,
     /// ECDSA P-256.
     pub ecdsa: CertPair,
@@ -59,6 +65,7 @@ impl Materials {
         let client_ca = dir.path().join("client-ca.crt");
         let client = make_client_identity(&client_ca)?;
         Ok(Self {
+            resident: Mutex::default(),
             dir,
             ecdsa,
             rsa,
@@ -73,7 +80,13 @@ impl Materials {
         self.dir.path()
     }
 
-    /// Makes sure `/f/<name>` exists with `size` random bytes; returns the URL path.
+    /// Makes sure `/f/<name>` exists with `size` random bytes, locked in
+    /// memory for as long as `self` lives; returns the URL path. Locked
+    /// because memory reclaim may evict a file idle for a minute (this
+    /// machine's DAMON does), and one re-read from disk is served at a
+    /// different cost than one written and cached: measured here, a 64 MiB
+    /// file cost 4–6 % more per byte after twelve minutes of other load
+    /// than a fresh one (docs/bench.md).
     pub fn file(&self, size: u64) -> Result<String, BenchError> {
         let name = size_name(size);
         let path = self.root.join("f").join(&name);
@@ -87,6 +100,20 @@ impl Materials {
                 rng.fill(&mut chunk[..n]);
                 f.write_all(&chunk[..n]).map_err(BenchError::io(&path))?;
                 left -= n as u64;
+            }
+        }
+        let mut resident = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if !resident.contains_key(&name) {
+            let file = fs::File::open(&path).map_err(BenchError::io(&path))?;
+            match LockedFile::lock(&file) {
+                Ok(locked) => {
+                    resident.insert(name.clone(), locked);
+                }
+                Err(e) => tracing::warn!(
+                    "cannot lock {} in memory ({e}): if reclaim evicts it, \
+                     measurements of it include re-reading it",
+                    path.display()
+                ),
             }
         }
         Ok(format!("/f/{name}"))
@@ -186,5 +213,18 @@ mod tests {
         let p = m.file(4096).unwrap();
         assert_eq!(p, "/f/4k");
         assert_eq!(fs::metadata(m.root.join("f/4k")).unwrap().len(), 4096);
+    }
+
+    #[test]
+    fn served_files_stay_locked_in_memory_while_the_materials_live() {
+        let m = Materials::create().unwrap();
+        m.file(2 << 20).unwrap();
+        m.file(2 << 20).unwrap();
+        let resident = m.resident.lock().unwrap();
+        let locked = resident
+            .get("2m")
+            .expect("2m locked (root, or RLIMIT_MEMLOCK ≥ 2 MiB)");
+        assert_eq!(locked.len(), 2 << 20);
+        assert_eq!(resident.len(), 1, "asking twice locks once");
     }
 }

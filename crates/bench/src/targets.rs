@@ -149,6 +149,8 @@ impl Target {
             }
             None => Command::new(&program),
         };
+        // Should the bench be killed outright, the server goes too.
+        tlsgate_sys::ipc::terminate_with_spawning_thread(&mut cmd);
         let child = cmd
             .args(&args)
             .stdin(Stdio::null())

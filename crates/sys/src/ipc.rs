@@ -83,6 +83,25 @@ pub fn die_with_parent(parent: u32) -> io::Result<()> {
     }
 }
 
+/// Makes the program `cmd` starts receive SIGTERM when the thread that
+/// starts it exits (`PR_SET_PDEATHSIG`, kept across `exec`): a parent
+/// killed outright, which runs no destructor, then takes its children
+/// along instead of leaving servers running that the next run would
+/// share its cores with. Spawn from a thread that outlives the child.
+#[allow(unsafe_code)]
+pub fn terminate_with_spawning_thread(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the hook runs in the child between fork and exec, where only
+    // async-signal-safe calls are allowed: it makes one `prctl` system
+    // call and converts its error code, allocating nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(io::Error::from)
+        });
+    }
+}
+
 /// This process's parent id.
 pub fn parent_id() -> u32 {
     rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get().unsigned_abs())
@@ -93,6 +112,38 @@ pub fn parent_id() -> u32 {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+
+    #[test]
+    fn a_child_is_terminated_when_its_spawning_thread_exits() {
+        let pid = std::thread::spawn(|| {
+            let mut cmd = std::process::Command::new("sleep");
+            cmd.arg("30");
+            terminate_with_spawning_thread(&mut cmd);
+            cmd.spawn().unwrap().id()
+        })
+        .join()
+        .unwrap();
+        // Never waited for: once terminated it stays a zombie we can see.
+        let state = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit(')').next().map(|r| r.trim().chars().next()))
+                .flatten()
+        };
+        let limit = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while state() != Some('Z') && std::time::Instant::now() < limit {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(
+            state(),
+            Some('Z'),
+            "sleep {pid} outlived the thread that started it"
+        );
+        let _ = rustix::process::waitpid(
+            rustix::process::Pid::from_raw(pid as i32),
+            rustix::process::WaitOptions::empty(),
+        );
+    }
 
     #[test]
     fn a_descriptor_crosses_the_socket() {

@@ -3,11 +3,11 @@
 //! passing ([`ipc`]); kernel TLS (`TCP_ULP`, `SOL_TLS`), `sendfile` and BPF
 //! later.
 //!
-//! This is the one crate where `unsafe` will be allowed, each call behind a
-//! small function with a `// SAFETY:` note. Everything it does today goes
-//! through `socket2`, `rustix` and `nix`, which are safe, so it still
-//! forbids `unsafe`.
-#![forbid(unsafe_code)]
+//! This is the one crate where `unsafe` is allowed, each call behind a
+//! small function with a `// SAFETY:` note, in the modules that need it
+//! (today only [`resident`]'s `mmap`/`mlock`); everything else goes through
+//! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
+//! in every other module.
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -16,6 +16,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 pub mod ipc;
 pub mod privileges;
+pub mod resident;
 
 /// A syscall that failed, naming the call and the address.
 #[derive(Debug, thiserror::Error)]

@@ -22,6 +22,63 @@ fn json(path: &Path) -> serde_json::Value {
 fn quick_bench_and_cost_model() {
     quick_bench_measures_every_scenario_on_every_target();
     cost_model_calibrates_predicts_and_validates();
+    a_bench_killed_outright_takes_its_server_along();
+}
+
+/// The children of `pid` whose command line contains `word`.
+fn children_running(pid: u32, word: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if ppid == Some(pid) && String::from_utf8_lossy(&cmdline).contains(word) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// SIGKILL runs no destructor: the servers must still not outlive the
+/// bench (they would hold its cores while the next run measures).
+fn a_bench_killed_outright_takes_its_server_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut bench = Command::new(bin())
+        .args(["cost", "calibrate", "--quick", "--model"])
+        .arg(dir.path().join("model.json"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &str, done: &mut dyn FnMut() -> bool| {
+        let limit = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done() {
+            assert!(
+                std::time::Instant::now() < limit,
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    let mut servers = Vec::new();
+    wait_for("the bench to start tlsgate", &mut || {
+        servers = children_running(bench.id(), "serve");
+        !servers.is_empty()
+    });
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    wait_for("the orphaned server to exit", &mut || {
+        servers
+            .iter()
+            .all(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    });
 }
 
 fn quick_bench_measures_every_scenario_on_every_target() {
