@@ -50,7 +50,10 @@ fn children_running(pid: u32, word: &str) -> Vec<u32> {
 /// bench (they would hold its cores while the next run measures).
 fn a_bench_killed_outright_takes_its_server_along() {
     let dir = tempfile::tempdir().unwrap();
+    // Killed, it cannot remove its materials (keys included): they go
+    // under this test's directory, which is removed.
     let mut bench = Command::new(bin())
+        .env("TMPDIR", dir.path())
         .args(["cost", "calibrate", "--quick", "--model"])
         .arg(dir.path().join("model.json"))
         .stdout(std::process::Stdio::null())
@@ -79,6 +82,14 @@ fn a_bench_killed_outright_takes_its_server_along() {
             .iter()
             .all(|pid| !Path::new(&format!("/proc/{pid}")).exists())
     });
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(
+        left.iter().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with("tlsgate-bench-")),
+        "the bench's materials were not under TMPDIR: {left:?}"
+    );
 }
 
 fn quick_bench_measures_every_scenario_on_every_target() {
