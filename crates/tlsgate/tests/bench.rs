@@ -25,25 +25,18 @@ fn quick_bench_and_cost_model() {
     a_bench_killed_outright_takes_its_server_along();
 }
 
-/// The children of `pid` whose command line contains `word`.
-fn children_running(pid: u32, word: &str) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-        if ppid == Some(pid) && String::from_utf8_lossy(&cmdline).contains(word) {
-            found.push(child);
-        }
-    }
-    found
+/// The descendants of `pid` whose command line contains `word`.
+fn descendants_running(pid: u32, word: &str) -> Vec<u32> {
+    tlsgate_bench::proc::ProcessTree::of(pid)
+        .pids()
+        .iter()
+        .copied()
+        .filter(|&p| p != pid)
+        .filter(|p| {
+            let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains(word)
+        })
+        .collect()
 }
 
 /// SIGKILL runs no destructor: the servers must still not outlive the
@@ -72,7 +65,7 @@ fn a_bench_killed_outright_takes_its_server_along() {
     };
     let mut servers = Vec::new();
     wait_for("the bench to start tlsgate", &mut || {
-        servers = children_running(bench.id(), "serve");
+        servers = descendants_running(bench.id(), "serve");
         !servers.is_empty()
     });
     bench.kill().unwrap();
