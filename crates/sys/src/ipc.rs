@@ -88,16 +88,23 @@ pub fn die_with_parent(parent: u32) -> io::Result<()> {
 /// killed outright, which runs no destructor, then takes its children
 /// along instead of leaving servers running that the next run would
 /// share its cores with. Spawn from a thread that outlives the child.
+/// A parent process already gone when the child gets there (it died
+/// between fork and `prctl`) fails the spawn instead.
 #[allow(unsafe_code)]
 pub fn terminate_with_spawning_thread(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
+    let parent = rustix::process::getpid();
     // SAFETY: the hook runs in the child between fork and exec, where only
-    // async-signal-safe calls are allowed: it makes one `prctl` system
-    // call and converts its error code, allocating nothing.
+    // async-signal-safe calls are allowed: it makes two system calls
+    // (`prctl`, `getppid`) and builds errors from codes, allocating nothing.
     unsafe {
-        cmd.pre_exec(|| {
-            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
-                .map_err(io::Error::from)
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))?;
+            if rustix::process::getppid() == Some(parent) {
+                Ok(())
+            } else {
+                Err(rustix::io::Errno::SRCH.into())
+            }
         });
     }
 }
