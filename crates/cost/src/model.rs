@@ -112,14 +112,17 @@ pub const REGIME_FLIP: f64 = 0.25;
 /// neighbours at 4.3 and 4.1. A point whose cost per byte is more than
 /// [`REGIME_FLIP`] off the interpolation (in log size) of its neighbours'
 /// is replaced by that interpolation; the ends, with one neighbour, are
-/// kept. Returns the replaced points' indices and measured values.
-pub fn smooth_regime_flips(curve: &mut [BytePoint]) -> Vec<(usize, f64)> {
+/// kept, and so are points below `from_bytes`: small transactions, which
+/// do not flip, and whose cost per byte has a real kink where the server
+/// stops sending bodies inline. Returns the replaced points' indices and
+/// measured values.
+pub fn smooth_regime_flips(curve: &mut [BytePoint], from_bytes: f64) -> Vec<(usize, f64)> {
     let measured: Vec<BytePoint> = curve.to_vec();
     let per_byte = |p: &BytePoint| p.ns / p.bytes.max(1.0);
     let mut replaced = Vec::new();
     for i in 1..measured.len().saturating_sub(1) {
         let (a, p, b) = (&measured[i - 1], &measured[i], &measured[i + 1]);
-        if a.bytes <= 0.0 || p.bytes <= a.bytes || b.bytes <= p.bytes {
+        if p.bytes < from_bytes || a.bytes <= 0.0 || p.bytes <= a.bytes || b.bytes <= p.bytes {
             continue;
         }
         let at = (p.bytes.ln() - a.bytes.ln()) / (b.bytes.ln() - a.bytes.ln());
@@ -487,7 +490,7 @@ mod tests {
             point(16.0 * M, 4.07),
             point(64.0 * M, 3.75),
         ];
-        let replaced = smooth_regime_flips(&mut curve);
+        let replaced = smooth_regime_flips(&mut curve, M / 2.0);
         assert_eq!(replaced.len(), 1, "{replaced:?}");
         assert_eq!(replaced[0].0, 2);
         assert!((replaced[0].1 - 4.0 * M / 6.22).abs() < 1.0);
@@ -508,8 +511,42 @@ mod tests {
             point(256.0 * M, 3.6),
         ];
         let before = curve.clone();
-        assert!(smooth_regime_flips(&mut curve).is_empty());
+        assert!(smooth_regime_flips(&mut curve, M / 2.0).is_empty());
         assert_eq!(curve, before);
+    }
+
+    #[test]
+    fn small_transactions_keep_their_kink() {
+        const K: f64 = 1024.0;
+        // 2026-11-24: 16 KiB, 64 KiB (the last size sent inline with the
+        // head) and 256 KiB cost 7.8, 6.9 and 64.1 µs more than 1 KiB.
+        let shape = || {
+            vec![
+                BytePoint {
+                    bytes: 15.0 * K,
+                    ns: 7_800.0,
+                },
+                BytePoint {
+                    bytes: 63.0 * K,
+                    ns: 6_900.0,
+                },
+                BytePoint {
+                    bytes: 255.0 * K,
+                    ns: 64_100.0,
+                },
+                BytePoint {
+                    bytes: 1023.0 * K,
+                    ns: 230_000.0,
+                },
+            ]
+        };
+        let mut curve = shape();
+        assert!(smooth_regime_flips(&mut curve, 1023.0 * K).is_empty());
+        assert_eq!(curve, shape());
+        // Examined like big transactions, the 64 KiB point would be a flip.
+        let mut curve = shape();
+        let replaced = smooth_regime_flips(&mut curve, 0.0);
+        assert!(replaced.iter().any(|r| r.0 == 1), "{replaced:?}");
     }
 
     #[test]

@@ -21,8 +21,9 @@ use crate::transport::Transport;
 use crate::Shared;
 
 /// Bodies up to this size are copied after the head into one write; larger
-/// ones are streamed (later: `sendfile` under kernel TLS).
-const INLINE_BODY_MAX: u64 = 64 * 1024;
+/// ones are streamed (later: `sendfile` under kernel TLS). The cost model
+/// calibrates a point here: the CPU per byte changes with the path.
+pub const INLINE_BODY_MAX: u64 = 64 * 1024;
 /// Queued pipelined responses are sent once they reach this size.
 const OUT_FLUSH_AT: usize = 64 * 1024;
 /// Response buffer kept by an idle keep-alive connection.

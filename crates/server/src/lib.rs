@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 pub use access_log::AccessLog;
 pub use generation::Generation;
+pub use http::INLINE_BODY_MAX;
 pub use tickets::TicketCache;
 pub use tlsgate_tls::SelfSignedCache;
 pub use transport::Transport;
