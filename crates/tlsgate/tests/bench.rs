@@ -310,7 +310,7 @@ fn cost_model_calibrates_predicts_and_validates() {
             .filter(|l| l.starts_with("| 1k per txn")
                 || l.starts_with("| 8m per txn")
                 || l.starts_with("| 3m per txn")
-                || l.starts_with("| 64k per txn"))
+                || l.starts_with("| 32k per txn"))
             .count(),
         7,
         "{table}"
