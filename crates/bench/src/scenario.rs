@@ -84,6 +84,8 @@ pub struct BenchOptions {
     pub tlsgate_bin: PathBuf,
     /// Extra lines for tlsgate's `[server]` section.
     pub tlsgate_server_extra: String,
+    /// tlsgate's kernel-TLS policy (`offload` of its listener).
+    pub tlsgate_offload: tlsgate_config::OffloadPolicy,
 }
 
 /// The eight handshake kinds: {1.3, 1.2} × {ECDSA, RSA} × {full, resumed}.
@@ -138,6 +140,7 @@ impl BenchOptions {
             placement: Placement::detect(),
             tlsgate_bin,
             tlsgate_server_extra: String::new(),
+            tlsgate_offload: tlsgate_config::OffloadPolicy::Auto,
         }
     }
 
@@ -148,6 +151,7 @@ impl BenchOptions {
             max_file,
             tlsgate_bin: self.tlsgate_bin.clone(),
             tlsgate_server_extra: self.tlsgate_server_extra.clone(),
+            tlsgate_offload: self.tlsgate_offload,
         }
     }
 

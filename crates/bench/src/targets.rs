@@ -71,6 +71,8 @@ pub struct TargetSettings {
     pub tlsgate_bin: PathBuf,
     /// Extra TOML for tlsgate's `[server]` section (e.g. `key_isolation = false`).
     pub tlsgate_server_extra: String,
+    /// tlsgate's kernel-TLS policy.
+    pub tlsgate_offload: tlsgate_config::OffloadPolicy,
 }
 
 /// A running target.
@@ -365,6 +367,7 @@ session_cache_size = {session_cache}
 [[listener]]
 listen = ["{addr}"]
 root = "{root}"
+offload = "{offload}"
 
 [[listener.certificate]]
 cert = "{ecdsa_cert}"
@@ -390,6 +393,7 @@ client_auth = "required"
 client_ca = "{client_ca}"
 "#,
         extra = s.tlsgate_server_extra,
+        offload = s.tlsgate_offload.as_str(),
         session_cache = TLSGATE_SESSION_CACHE,
         root = m.root.display(),
         ecdsa_cert = m.ecdsa.cert.display(),

@@ -242,6 +242,19 @@ pub struct ListenerSection {
     pub client_auth: Option<String>,
     /// PEM bundle of the CAs that client certificates must chain to.
     pub client_ca: Option<PathBuf>,
+    /// Kernel TLS (kTLS): "auto" moves a connection's record layer into
+    /// the kernel at its first response body of `offload_threshold` bytes
+    /// or more (then files go out with sendfile), "always" right after the
+    /// handshake, "never" keeps it in user space. Default "auto"; without
+    /// kTLS in the kernel everything stays in user space.
+    pub offload: Option<String>,
+    /// Body size in bytes from which `offload = "auto"` switches; default
+    /// 65536 (below it user-space TLS is cheaper).
+    pub offload_threshold: Option<u64>,
+    /// Let the kernel encrypt files straight from the page cache
+    /// (`TLS_TX_ZEROCOPY_RO`). Only for roots whose files never change
+    /// while served: a retransmitted record would carry other bytes.
+    pub offload_zerocopy: bool,
     /// Certificates chosen by SNI.
     #[serde(rename = "certificate")]
     pub certificates: Vec<CertificateSection>,

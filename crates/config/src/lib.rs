@@ -380,6 +380,49 @@ pub enum Certificates {
     Files(Vec<CertificateFiles>),
 }
 
+/// When a connection's record layer moves into the kernel (kTLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadPolicy {
+    /// At the first response body of at least the threshold.
+    Auto,
+    /// Right after the handshake.
+    Always,
+    /// Never: user-space TLS only.
+    Never,
+}
+
+impl OffloadPolicy {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Always => "always",
+            Self::Never => "never",
+        }
+    }
+}
+
+/// A listener's kernel TLS settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offload {
+    /// When to switch.
+    pub policy: OffloadPolicy,
+    /// Body bytes from which `Auto` switches.
+    pub threshold: u64,
+    /// `TLS_TX_ZEROCOPY_RO` for sendfile.
+    pub zerocopy: bool,
+}
+
+impl Default for Offload {
+    fn default() -> Self {
+        Self {
+            policy: OffloadPolicy::Auto,
+            threshold: 64 * 1024,
+            zerocopy: false,
+        }
+    }
+}
+
 /// One HTTPS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
@@ -398,6 +441,8 @@ pub struct Listener {
     pub client_auth: ClientAuth,
     /// Certificates.
     pub certificates: Certificates,
+    /// Kernel TLS.
+    pub offload: Offload,
 }
 
 /// Reads a config file's text, for messages that need it.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use crate::file::{CertificateSection, ConfigFile, ListenerSection};
 use crate::{
     AccessLog, CertificateFiles, Certificates, CipherSuite, ClientAuth, ClientAuthMode, Config,
-    ConfigError, KeyPolicy, KxGroup, Limits, Listener, LogFormat, LogTarget, Privileges,
-    SessionTickets, TlsPolicy, TlsVersion, UnknownSni,
+    ConfigError, KeyPolicy, KxGroup, Limits, Listener, LogFormat, LogTarget, Offload,
+    OffloadPolicy, Privileges, SessionTickets, TlsPolicy, TlsVersion, UnknownSni,
 };
 
 const FLAGS: &str = "command line";
@@ -554,6 +554,7 @@ fn validate_listener(
         check_client_auth_per_name(c, &files)?;
         Certificates::Files(files)
     };
+    let offload = validate_offload(c, &key_path, ls)?;
     Ok(Listener {
         key_path,
         addrs,
@@ -562,7 +563,35 @@ fn validate_listener(
         allow_symlinks_outside_root: ls.allow_symlinks_outside_root,
         client_auth,
         certificates,
+        offload,
     })
+}
+
+/// `offload`, `offload_threshold` and `offload_zerocopy` of a listener.
+fn validate_offload(
+    c: &Checker<'_>,
+    key_path: &str,
+    ls: &ListenerSection,
+) -> Result<Offload, ConfigError> {
+    let mut o = Offload::default();
+    if let Some(p) = &ls.offload {
+        o.policy = match p.as_str() {
+            "auto" => OffloadPolicy::Auto,
+            "always" => OffloadPolicy::Always,
+            "never" => OffloadPolicy::Never,
+            other => {
+                return Err(c.err(
+                    format!("{key_path}.offload"),
+                    format!("unknown policy {other:?}; expected \"auto\", \"always\" or \"never\""),
+                ))
+            }
+        };
+    }
+    if let Some(t) = ls.offload_threshold {
+        o.threshold = c.within(&format!("{key_path}.offload_threshold"), t, 0, 1 << 40)?;
+    }
+    o.zerocopy = ls.offload_zerocopy;
+    Ok(o)
 }
 
 /// `client_auth` and `client_ca` of a listener (`inherited` = None) or of a
@@ -733,6 +762,27 @@ names = ["example.com", "*.example.com"]
     }
 
     #[test]
+    fn offload_defaults_to_auto_at_64_kib_and_takes_each_policy() {
+        let c = load_text(GOOD).unwrap();
+        assert_eq!(c.listeners[0].offload, Offload::default());
+        assert_eq!(c.listeners[0].offload.policy, OffloadPolicy::Auto);
+        assert_eq!(c.listeners[0].offload.threshold, 65536);
+        for (name, policy) in [
+            ("always", OffloadPolicy::Always),
+            ("never", OffloadPolicy::Never),
+        ] {
+            let text = GOOD.replace(
+                "root = \"site\"",
+                &format!("root = \"site\"\noffload = \"{name}\"\noffload_threshold = 1024\noffload_zerocopy = true"),
+            );
+            let o = load_text(&text).unwrap().listeners[0].offload;
+            assert_eq!(o.policy, policy);
+            assert_eq!(o.threshold, 1024);
+            assert!(o.zerocopy);
+        }
+    }
+
+    #[test]
     fn builtin_defaults_are_valid() {
         let dir = tempfile::tempdir().unwrap();
         let c = load(None, &Overrides::default(), dir.path()).unwrap();
@@ -771,6 +821,8 @@ names = ["example.com", "*.example.com"]
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nclient_auth = \"optional\"\nclient_ca = \"nope.pem\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].client_ca", "PEM file of CA"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\n", "listener[0].certificate[0].client_ca", "client_auth is \"none\""),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\nclient_auth = \"required\"\nclient_ca = \"c.pem\"\n", "listener[0].certificate[1].client_auth", "listener[0].certificate[0] serves the same names"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload = \"sometimes\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload", "\"auto\", \"always\" or \"never\""),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();

@@ -49,6 +49,39 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// A (direction, version, cipher) the kernel's TLS can run.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KtlsLabels {
+    /// "tx" or "rx".
+    pub direction: &'static str,
+    /// "TLSv1.2" / "TLSv1.3".
+    pub version: &'static str,
+    /// "aes_128_gcm", "aes_256_gcm", "chacha20_poly1305".
+    pub cipher: &'static str,
+}
+
+/// A direction of the record layer.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    /// "tx" or "rx".
+    pub direction: &'static str,
+}
+
+/// How response body bytes left the server.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    /// "userspace" (rustls), "ktls_write" (kernel TLS, written) or
+    /// "sendfile" (kernel TLS, from the page cache).
+    pub path: &'static str,
+}
+
+/// A counter of the kernel's, by its own name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CounterLabel {
+    /// The kernel's name, e.g. `TlsTxSw`.
+    pub counter: String,
+}
+
 /// Every metric of the server.
 #[derive(Debug)]
 pub struct Metrics {
@@ -97,6 +130,22 @@ pub struct Metrics {
     pub key_restarts: Counter,
     /// 1 while a key server is connected (always 1 without isolation).
     pub key_up: Gauge,
+    /// 1 when the kernel offers TLS offload (kTLS), 0 when not.
+    pub ktls_available: Gauge,
+    /// What kTLS can run: 1 per (direction, version, cipher).
+    pub ktls_supported: Family<KtlsLabels, Gauge>,
+    /// Connections whose record layer moved into the kernel, by direction.
+    pub ktls_offloaded: Family<DirectionLabel, Counter>,
+    /// Mid-connection switches made by `offload = "auto"`.
+    pub ktls_switches: Counter,
+    /// Switches to kTLS that did not happen or broke, by reason.
+    pub ktls_failures: Family<ReasonLabel, Counter>,
+    /// Offloaded connections closed on a message the kernel cannot handle.
+    pub ktls_closed: Family<ReasonLabel, Counter>,
+    /// Response body bytes by how they were sent.
+    pub body_bytes: Family<PathLabel, Counter>,
+    /// The kernel's kTLS counters (`/proc/net/tls_stat`; set when read).
+    pub kernel_tls: Family<CounterLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -133,6 +182,14 @@ impl Metrics {
             key_failures: Family::default(),
             key_restarts: Counter::default(),
             key_up: Gauge::default(),
+            ktls_available: Gauge::default(),
+            ktls_supported: Family::default(),
+            ktls_offloaded: Family::default(),
+            ktls_switches: Counter::default(),
+            ktls_failures: Family::default(),
+            ktls_closed: Family::default(),
+            body_bytes: Family::default(),
+            kernel_tls: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -237,7 +294,54 @@ impl Metrics {
             "1 while the key process is connected",
             m.key_up.clone(),
         );
+        r.register(
+            "ktls_available",
+            "1 when the kernel offers TLS offload (kTLS)",
+            m.ktls_available.clone(),
+        );
+        r.register(
+            "ktls_supported",
+            "Record-layer directions, versions and ciphers the kernel's TLS runs",
+            m.ktls_supported.clone(),
+        );
+        r.register(
+            "ktls_offloaded",
+            "Connections whose record layer moved into the kernel",
+            m.ktls_offloaded.clone(),
+        );
+        r.register(
+            "ktls_switches",
+            "Mid-connection switches to kernel TLS made by offload = auto",
+            m.ktls_switches.clone(),
+        );
+        r.register(
+            "ktls_failures",
+            "Switches to kernel TLS that did not happen or broke the connection",
+            m.ktls_failures.clone(),
+        );
+        r.register(
+            "ktls_closed",
+            "Offloaded connections closed on a message the kernel cannot handle",
+            m.ktls_closed.clone(),
+        );
+        r.register(
+            "body_bytes",
+            "Response body bytes by path: userspace, ktls_write, sendfile",
+            m.body_bytes.clone(),
+        );
+        r.register(
+            "kernel_tls",
+            "The kernel's kTLS counters from /proc/net/tls_stat",
+            m.kernel_tls.clone(),
+        );
         m
+    }
+
+    /// Adds response body bytes sent by `path`.
+    pub fn count_body(&self, path: &'static str, bytes: u64) {
+        self.body_bytes
+            .get_or_create(&PathLabel { path })
+            .inc_by(bytes);
     }
 
     /// Counts a response.

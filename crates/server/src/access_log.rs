@@ -40,6 +40,8 @@ pub struct Record<'a> {
     pub sni: Option<&'a str>,
     /// Negotiated TLS version.
     pub tls_version: Option<&'a str>,
+    /// Whether the response went out through kernel TLS.
+    pub ktls: bool,
     /// The verified client certificate (mutual TLS), if any.
     pub client: Option<&'a ClientIdentity>,
 }
@@ -271,6 +273,7 @@ fn json(r: &Record<'_>) -> String {
         "user_agent": r.user_agent.map(lossy),
         "sni": r.sni,
         "tls": r.tls_version,
+        "ktls": r.ktls,
         "client": r.client.map(|c| serde_json::json!({
             "subject": c.subject,
             "sans": c.sans,
@@ -301,6 +304,7 @@ mod tests {
             duration: Duration::from_micros(1500),
             sni: Some("localhost"),
             tls_version: Some("TLSv1.3"),
+            ktls: false,
             client: None,
         }
     }

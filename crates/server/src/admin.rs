@@ -62,6 +62,7 @@ async fn handle(shared: &Shared, mut sock: TcpStream) -> std::io::Result<()> {
         Some(h) => match h.path() {
             b"/metrics" => {
                 shared.handshakes.export(&shared.metrics);
+                export_kernel_tls(&shared.metrics);
                 (
                     200,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -90,4 +91,17 @@ async fn handle(shared: &Shared, mut sock: TcpStream) -> std::io::Result<()> {
     }
     sock.write_all(&out).await?;
     sock.shutdown().await
+}
+
+/// Copies the kernel's kTLS counters (`/proc/net/tls_stat`) into the
+/// metrics: the proof that the kernel did the work, and where its TLS
+/// device offload (a NIC's) shows (`TlsTxDevice`, `TlsRxDevice`).
+fn export_kernel_tls(m: &tlsgate_metrics::Metrics) {
+    if let Ok(Some(counters)) = tlsgate_sys::ktls::read_stat() {
+        for (counter, value) in counters {
+            m.kernel_tls
+                .get_or_create(&tlsgate_metrics::CounterLabel { counter })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+    }
 }

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use crate::flood::HandshakeSlot;
 use crate::http::{self, HttpCtx};
 use crate::limiter::Permit;
+use crate::transport::TlsClient;
 use crate::Shared;
 
 /// Keeps `connections_open` right however the task ends.
@@ -59,7 +60,7 @@ pub(crate) async fn handle(
     .await;
     // The handshake is over, however it ended: free its slot.
     drop(slot);
-    let mut conn = match handshake {
+    let conn = match handshake {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             tracing::debug!(%peer, "handshake failed: {e}");
@@ -81,7 +82,9 @@ pub(crate) async fn handle(
         }
     };
     m.handshake_seconds.observe(t0.elapsed().as_secs_f64());
-    let tls = conn.tls();
+    let Some(tls) = conn.tls() else {
+        return;
+    };
     let version = version_name(tls.protocol_version());
     m.handshakes
         .get_or_create(&HandshakeLabels {
@@ -111,5 +114,24 @@ pub(crate) async fn handle(
         tls_version: Some(version),
         client: tlsgate_tls::ClientIdentity::of(tls),
     };
-    http::serve(&mut conn, &mut cx).await;
+    let offload = gen
+        .config
+        .listeners
+        .get(listener)
+        .map(|l| l.offload)
+        .unwrap_or_default();
+    let mut client = TlsClient::new(
+        conn,
+        offload,
+        &shared.ktls,
+        m,
+        gen.config.limits.send_timeout,
+    );
+    if client.offloads_at_once() && client.offload_now(false).await.is_err() {
+        return;
+    }
+    http::serve(&mut client, &mut cx).await;
+    if let Some(reason) = client.conn.ended_by() {
+        m.ktls_closed.get_or_create(&ReasonLabel { reason }).inc();
+    }
 }

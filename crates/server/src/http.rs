@@ -21,7 +21,7 @@ use crate::transport::Transport;
 use crate::Shared;
 
 /// Bodies up to this size are copied after the head into one write; larger
-/// ones are streamed (later: `sendfile` under kernel TLS). The cost model
+/// ones are streamed (`sendfile` under kernel TLS). The cost model
 /// calibrates a point here: the CPU per byte changes with the path.
 pub const INLINE_BODY_MAX: u64 = 64 * 1024;
 /// Queued pipelined responses are sent once they reach this size.
@@ -195,7 +195,15 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 tracing::debug!(peer = %cx.peer, "bad request: {e}");
                 let t0 = Instant::now();
                 let bytes = simple(&mut out, cx, status, false, false, false, &[]);
-                log_request(cx, None, status, bytes, t0, SystemTime::now());
+                log_request(
+                    cx,
+                    io.offloaded(),
+                    None,
+                    status,
+                    bytes,
+                    t0,
+                    SystemTime::now(),
+                );
                 let _ = send(io, &mut out, cx).await;
                 close(io).await;
                 io.linger(LINGER).await;
@@ -254,6 +262,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         };
         log_request(
             cx,
+            io.offloaded(),
             Some(&head),
             answered.status,
             answered.body_bytes,
@@ -484,6 +493,12 @@ async fn respond<T: Transport + Send>(
             return Ok(plain(out, 416, &[("Content-Range", range.as_bytes())]));
         }
     };
+    if !is_head && len > 0 && io.wants_offload(len) {
+        // Responses queued before this one leave under user-space TLS;
+        // this one and every later one through the kernel.
+        send(io, out, cx).await?;
+        io.offload().await.map_err(|_| End::Done)?;
+    }
     common_head(out, cx, status, keep_alive, http10);
     write_header(out, "Content-Type", meta.content_type.as_bytes());
     write_header_u64(out, "Content-Length", len);
@@ -509,15 +524,30 @@ async fn respond<T: Transport + Send>(
             tracing::warn!(peer = %cx.peer, "read failed mid-response: {e}");
             return Err(End::Done);
         }
+        let path = if io.offloaded() {
+            "ktls_write"
+        } else {
+            "userspace"
+        };
+        cx.shared.metrics.count_body(path, len);
     } else {
-        send(io, out, cx).await?;
+        // The head (after any queued responses) leaves with the body's
+        // first bytes, never as a small record of its own.
         let limit = cx.gen.config.limits.send_timeout;
-        match io.send_file(&file, start, len, scratch, limit).await {
+        let r = io.send_file(out, &file, start, len, scratch, limit).await;
+        cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
+        out.clear();
+        match r {
             Ok(()) => {
                 cx.shared.metrics.bytes_sent.inc_by(len);
             }
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(End::Timeout("send")),
-            Err(_) => return Err(End::Done),
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    tracing::warn!(peer = %cx.peer, "{e}: connection dropped mid-response");
+                }
+                return Err(End::Done);
+            }
         }
     }
     Ok(Answered {
@@ -528,6 +558,7 @@ async fn respond<T: Transport + Send>(
 
 fn log_request(
     cx: &HttpCtx<'_>,
+    ktls: bool,
     head: Option<&RequestHead>,
     status: u16,
     body_bytes: u64,
@@ -559,6 +590,7 @@ fn log_request(
         duration: elapsed,
         sni: cx.sni.as_deref(),
         tls_version: cx.tls_version,
+        ktls,
         client: cx.client.as_ref(),
     };
     if !cx

@@ -83,6 +83,8 @@ pub struct Shared {
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
     pub shutdown: watch::Sender<bool>,
+    /// What the kernel offers for TLS offload, probed once at start.
+    pub ktls: tlsgate_sys::ktls::Support,
 }
 
 /// Where the configuration comes from, kept for reloads.
@@ -116,6 +118,34 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let certs = keys.certificates(&config, &[])?;
     let gen = generation::build(config, certs, &TicketCache::checking())?;
     Ok(gen.config)
+}
+
+/// Finds what kernel TLS the running kernel offers, says so once in the
+/// log and in the metrics.
+fn probe_ktls(metrics: &Metrics) -> tlsgate_sys::ktls::Support {
+    let support = tlsgate_sys::ktls::probe();
+    match &support.unavailable {
+        None => tracing::info!("kernel TLS offload {}", support.summary()),
+        Some(why) => {
+            tracing::info!("kernel TLS offload unavailable, all TLS stays in user space: {why}")
+        }
+    }
+    metrics
+        .ktls_available
+        .set(i64::from(support.unavailable.is_none()));
+    for (direction, list) in [("tx", &support.tx), ("rx", &support.rx)] {
+        for (v, c) in list {
+            metrics
+                .ktls_supported
+                .get_or_create(&tlsgate_metrics::KtlsLabels {
+                    direction,
+                    version: v.name(),
+                    cipher: c.name(),
+                })
+                .set(1);
+        }
+    }
+    support
 }
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
@@ -183,6 +213,9 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         }
         None => None,
     };
+    // Probed with our privileges: the kernel loads the `tls` module on
+    // first use only for CAP_NET_ADMIN.
+    let ktls = probe_ktls(&metrics);
     // Every socket is bound and no thread runs yet: drop privileges now.
     privileges::drop(ids)?;
     let access_log = AccessLog::start(&gen.config.access_log.target)?;
@@ -195,6 +228,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         handshakes: Arc::new(HandshakeLimiter::default()),
         access_log,
         shutdown,
+        ktls,
     });
     let (rekey, mut rekeyed) = tokio::sync::mpsc::unbounded_channel();
     keys.start_threads(&shared, rekey)?;

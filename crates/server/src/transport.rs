@@ -1,6 +1,7 @@
 //! What the HTTP layer needs from a connection, so that it runs unchanged
-//! over user-space TLS, plain TCP (admin, upstreams later) and, later,
-//! kernel TLS where [`Transport::send_file`] becomes `sendfile(2)`.
+//! over user-space TLS, plain TCP (admin, upstreams later) and kernel TLS,
+//! where [`Transport::send_file`] becomes `sendfile(2)`; and [`TlsClient`],
+//! a client's TLS connection with its listener's offload policy.
 
 use std::fs::File;
 use std::future::Future;
@@ -8,6 +9,9 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
+use tlsgate_config::{Offload, OffloadPolicy};
+use tlsgate_metrics::{DirectionLabel, Metrics, ReasonLabel};
+use tlsgate_sys::ktls::Support;
 use tlsgate_tls::TlsConnection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -27,11 +31,13 @@ pub trait Transport {
     /// destroys the response in the client's receive buffer.
     fn linger(&mut self, limit: Duration) -> impl Future<Output = ()> + Send;
 
-    /// Sends `len` bytes of `file` from `offset`, each write bounded by
-    /// `timeout`. The default reads through `scratch`; kernel TLS will
-    /// override this with `sendfile`.
+    /// Sends `head` (the response head, after any queued responses) and
+    /// then `len` bytes of `file` from `offset`, the head in the same write
+    /// as the body's first bytes; each write bounded by `timeout`. The
+    /// default reads through `scratch`; kernel TLS uses `sendfile`.
     fn send_file(
         &mut self,
+        head: &[u8],
         file: &File,
         offset: u64,
         len: u64,
@@ -41,33 +47,208 @@ pub trait Transport {
     where
         Self: Send,
     {
-        async move {
-            const CHUNK: usize = 64 * 1024;
-            scratch.resize(CHUNK, 0);
-            let mut done = 0u64;
-            while done < len {
-                let want = usize::try_from(len - done).map_or(CHUNK, |r| r.min(CHUNK));
-                let buf = scratch.get_mut(..want).ok_or(io::ErrorKind::InvalidInput)?;
-                // Page-cache reads are short; like nginx without aio, the
-                // worker reads in line rather than paying a thread hop.
-                let n = file.read_at(buf, offset + done)?;
-                if n == 0 {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "file shrank while being sent",
-                    ));
+        async move { send_file_through(self, head, file, offset, len, scratch, timeout).await }
+    }
+
+    /// Whether a response body of `len` bytes should first move the
+    /// connection's record layer into the kernel (`offload = "auto"`).
+    fn wants_offload(&self, _len: u64) -> bool {
+        false
+    }
+
+    /// Moves the record layer into the kernel; output queued in the HTTP
+    /// layer must have been sent. `Err`: the connection is over.
+    fn offload(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Whether responses now leave through kernel TLS.
+    fn offloaded(&self) -> bool {
+        false
+    }
+}
+
+/// [`Transport::send_file`] through the transport's own writes.
+async fn send_file_through<T: Transport + ?Sized>(
+    io: &mut T,
+    head: &[u8],
+    file: &File,
+    offset: u64,
+    len: u64,
+    scratch: &mut Vec<u8>,
+    timeout: Duration,
+) -> io::Result<()> {
+    const CHUNK: usize = 64 * 1024;
+    scratch.clear();
+    scratch.extend_from_slice(head);
+    let mut done = 0u64;
+    while done < len {
+        let at = scratch.len();
+        let room = CHUNK.saturating_sub(at).max(16 * 1024);
+        let want = usize::try_from(len - done).map_or(room, |r| r.min(room));
+        scratch.resize(at + want, 0);
+        let buf = scratch.get_mut(at..).ok_or(io::ErrorKind::InvalidInput)?;
+        // Page-cache reads are short; like nginx without aio, the
+        // worker reads in line rather than paying a thread hop.
+        let n = file.read_at(buf, offset + done)?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file shrank while being sent",
+            ));
+        }
+        scratch.truncate(at + n);
+        tokio::time::timeout(timeout, io.write_all(scratch))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        scratch.clear();
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// A client's TLS connection with its listener's kernel-TLS policy.
+pub(crate) struct TlsClient<'a> {
+    /// The connection.
+    pub conn: TlsConnection,
+    offload: Offload,
+    /// What the kernel offers; `None` when kTLS is off for this connection.
+    support: Option<&'a Support>,
+    metrics: &'a Metrics,
+    /// How long a switch may wait for the end of a record being received.
+    wait: Duration,
+}
+
+impl<'a> TlsClient<'a> {
+    /// `support` as probed at start; kTLS is used only where it has no
+    /// `unavailable` reason and the policy is not `never`.
+    pub fn new(
+        conn: TlsConnection,
+        offload: Offload,
+        support: &'a Support,
+        metrics: &'a Metrics,
+        wait: Duration,
+    ) -> Self {
+        let usable = support.unavailable.is_none() && offload.policy != OffloadPolicy::Never;
+        Self {
+            conn,
+            offload,
+            support: usable.then_some(support),
+            metrics,
+            wait,
+        }
+    }
+
+    /// Whether the policy moves the connection right after the handshake.
+    pub fn offloads_at_once(&self) -> bool {
+        self.support.is_some() && self.offload.policy == OffloadPolicy::Always
+    }
+
+    /// Moves the record layer into the kernel, counting the outcome. A
+    /// refusal leaves the connection in user space, for good.
+    pub async fn offload_now(&mut self, switch: bool) -> io::Result<()> {
+        let Some(support) = self.support else {
+            return Ok(());
+        };
+        if self.conn.is_offloaded() {
+            return Ok(());
+        }
+        let m = self.metrics;
+        match self
+            .conn
+            .offload(support, self.offload.zerocopy, self.wait)
+            .await
+        {
+            Ok(()) => {
+                for direction in ["tx", "rx"] {
+                    m.ktls_offloaded
+                        .get_or_create(&DirectionLabel { direction })
+                        .inc();
                 }
-                let chunk = buf.get(..n).ok_or(io::ErrorKind::InvalidInput)?;
-                tokio::time::timeout(timeout, self.write_all(chunk))
-                    .await
-                    .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-                done += n as u64;
+                if switch {
+                    m.ktls_switches.inc();
+                }
+                Ok(())
             }
-            Ok(())
+            Err(e) => {
+                m.ktls_failures
+                    .get_or_create(&ReasonLabel { reason: e.reason() })
+                    .inc();
+                self.support = None;
+                if e.connection_survives() {
+                    tracing::debug!("staying in user-space TLS: {e}");
+                    Ok(())
+                } else {
+                    tracing::debug!("switch to kernel TLS failed: {e}");
+                    Err(io::Error::other(e))
+                }
+            }
         }
     }
 }
 
+impl Transport for TlsClient<'_> {
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.conn.read(buf).await
+    }
+    async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        self.conn.write_all(data).await
+    }
+    async fn flush(&mut self) -> io::Result<()> {
+        self.conn.flush().await
+    }
+    async fn close(&mut self) -> io::Result<()> {
+        self.conn.close().await
+    }
+    async fn linger(&mut self, limit: Duration) {
+        linger_socket(self.conn.socket(), limit).await;
+    }
+    fn send_file(
+        &mut self,
+        head: &[u8],
+        file: &File,
+        offset: u64,
+        len: u64,
+        scratch: &mut Vec<u8>,
+        timeout: Duration,
+    ) -> impl Future<Output = io::Result<()>> + Send {
+        // Only the fields go into the future: holding `&mut Self` there
+        // trips rustc's higher-ranked `Send` check on the lifetime.
+        let conn = &mut self.conn;
+        let metrics = self.metrics;
+        async move {
+            let (r, path) = if conn.is_offloaded() {
+                (
+                    conn.sendfile(head, file, offset, len, timeout).await,
+                    "sendfile",
+                )
+            } else {
+                (
+                    send_file_through(conn, head, file, offset, len, scratch, timeout).await,
+                    "userspace",
+                )
+            };
+            if r.is_ok() {
+                metrics.count_body(path, len);
+            }
+            r
+        }
+    }
+    fn wants_offload(&self, len: u64) -> bool {
+        self.support.is_some()
+            && self.offload.policy == OffloadPolicy::Auto
+            && len >= self.offload.threshold
+            && !self.conn.is_offloaded()
+    }
+    async fn offload(&mut self) -> io::Result<()> {
+        self.offload_now(true).await
+    }
+    fn offloaded(&self) -> bool {
+        self.conn.is_offloaded()
+    }
+}
+
+/// A TLS connection by itself, with no offload policy.
 impl Transport for TlsConnection {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         TlsConnection::read(self, buf).await

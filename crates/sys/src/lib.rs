@@ -1,11 +1,12 @@
 //! The kernel-facing layer of tlsgate: listening sockets, dropping
 //! privileges ([`privileges`]), the key process's socket and descriptor
-//! passing ([`ipc`]); kernel TLS (`TCP_ULP`, `SOL_TLS`), `sendfile` and BPF
-//! later.
+//! passing ([`ipc`]); kernel TLS (`TCP_ULP`, `SOL_TLS`) and `sendfile`
+//! ([`ktls`]); BPF later.
 //!
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
-//! (today only [`resident`]'s `mmap`/`mlock`); everything else goes through
+//! ([`resident`]'s `mmap`/`mlock`, [`ktls`]'s socket options and
+//! control messages); everything else goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
 
@@ -15,6 +16,7 @@ use std::net::{SocketAddr, TcpListener};
 use socket2::{Domain, Protocol, Socket, Type};
 
 pub mod ipc;
+pub mod ktls;
 pub mod privileges;
 pub mod resident;
 

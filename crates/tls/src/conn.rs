@@ -2,18 +2,25 @@
 //!
 //! tlsgate drives rustls itself instead of wrapping it in a stream adapter
 //! because later work needs the pieces: the ClientHello is inspected before
-//! any expensive cryptography (SNI policy now, flood limits later), and after
-//! the handshake the socket and the rustls state can be taken apart again
-//! ([`TlsConnection::into_parts`]) to hand the record layer to kernel TLS.
+//! any expensive cryptography (SNI policy, flood limits), and after the
+//! handshake the record layer can move into the kernel
+//! ([`TlsConnection::offload`]): rustls gives up its traffic secrets and
+//! the socket encrypts and decrypts by itself (kTLS), which lets files go
+//! out with `sendfile`.
 
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::time::Duration;
 
 use rustls::server::{Acceptor, ServerConnection};
-use tokio::io::AsyncWriteExt;
+use tlsgate_sys::ktls::{self, content_type, Direction, Support, TlsVersion};
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
 use crate::context::TlsContext;
 use crate::error::HandshakeError;
+use crate::offload::{crypto_info, kernel_suite, KernelState, OffloadError, RecordBoundary};
 
 /// A plaintext `unrecognized_name` fatal alert record (RFC 8446 §6.2); it is
 /// sent before any keys exist, so it goes in the clear.
@@ -40,6 +47,21 @@ impl Write for SyncIo<'_> {
     }
 }
 
+/// Socket reads for rustls that keep track of the TLS record framing, so
+/// the record layer can later be handed to the kernel at a record start.
+struct TrackedRead<'a> {
+    sock: &'a TcpStream,
+    boundary: &'a mut RecordBoundary,
+}
+
+impl Read for TrackedRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.sock.try_read(buf)?;
+        self.boundary.observe(buf.get(..n).unwrap_or_default());
+        Ok(n)
+    }
+}
+
 /// Best effort: an alert that cannot be sent at once is not waited for.
 fn send_now(sock: &TcpStream, bytes: &[u8]) {
     let _ = sock.try_write(bytes);
@@ -50,8 +72,13 @@ fn send_now(sock: &TcpStream, bytes: &[u8]) {
 /// The caller bounds the time (handshake timeout) and counts the result.
 pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, HandshakeError> {
     let mut acceptor = Acceptor::default();
+    let mut boundary = RecordBoundary::default();
     let accepted = loop {
-        match acceptor.read_tls(&mut SyncIo(&sock)) {
+        let mut io = TrackedRead {
+            sock: &sock,
+            boundary: &mut boundary,
+        };
+        match acceptor.read_tls(&mut io) {
             Ok(0) => return Err(HandshakeError::Eof),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -83,30 +110,87 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
             return Err(e.into());
         }
     };
-    let mut conn = TlsConnection { sock, tls };
+    let mut conn = TlsConnection {
+        sock,
+        layer: Layer::User(tls),
+        boundary,
+        carried: Vec::new(),
+        peer_closed: false,
+        write_closed: false,
+    };
     conn.finish_handshake().await?;
     Ok(conn)
 }
 
-/// An established TLS connection.
+/// An established TLS connection, its records encrypted by rustls in user
+/// space or, after [`offload`](Self::offload), by the kernel.
 pub struct TlsConnection {
     sock: TcpStream,
-    tls: ServerConnection,
+    layer: Layer,
+    /// Where the bytes read so far end in the record framing.
+    boundary: RecordBoundary,
+    /// Plaintext rustls had decrypted when the kernel took over; read first.
+    carried: Vec<u8>,
+    /// The peer's close_notify arrived.
+    peer_closed: bool,
+    /// Our close_notify was sent (or the write side is gone).
+    write_closed: bool,
 }
+
+// Boxing rustls' state would cost an allocation per connection to save
+// ~1 KiB only on connections that moved to the kernel.
+#[allow(clippy::large_enum_variant)]
+enum Layer {
+    User(ServerConnection),
+    Kernel(KernelState),
+    /// A switch to the kernel failed after rustls gave up its state.
+    Gone,
+}
+
+fn gone() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        "the connection's TLS state was lost in a failed switch to kernel TLS",
+    )
+}
+
+/// TLS alert descriptions used under kTLS (RFC 8446 §6).
+mod alert {
+    pub const CLOSE_NOTIFY: u8 = 0;
+    pub const UNEXPECTED_MESSAGE: u8 = 10;
+    pub const USER_CANCELED: u8 = 90;
+    pub const WARNING: u8 = 1;
+    pub const FATAL: u8 = 2;
+}
+
+/// TLS 1.3 handshake message type of KeyUpdate.
+const KEY_UPDATE: u8 = 24;
 
 impl TlsConnection {
     async fn finish_handshake(&mut self) -> Result<(), HandshakeError> {
-        while self.tls.is_handshaking() {
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone().into());
+            };
+            if !tls.is_handshaking() {
+                break;
+            }
             self.flush().await?;
-            if !self.tls.is_handshaking() {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone().into());
+            };
+            if !tls.is_handshaking() {
                 break;
             }
             if self.read_tls().await? == 0 {
                 return Err(HandshakeError::Eof);
             }
-            if let Err(e) = self.tls.process_new_packets() {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone().into());
+            };
+            if let Err(e) = tls.process_new_packets() {
                 // rustls queued the matching alert: try to deliver it.
-                let _ = self.tls.write_tls(&mut SyncIo(&self.sock));
+                let _ = tls.write_tls(&mut SyncIo(&self.sock));
                 return Err(e.into());
             }
         }
@@ -119,7 +203,14 @@ impl TlsConnection {
     /// Reads TLS records from the socket into rustls; 0 means TCP EOF.
     async fn read_tls(&mut self) -> io::Result<usize> {
         loop {
-            match self.tls.read_tls(&mut SyncIo(&self.sock)) {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            let mut io = TrackedRead {
+                sock: &self.sock,
+                boundary: &mut self.boundary,
+            };
+            match tls.read_tls(&mut io) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.readable().await?,
                 other => return other,
             }
@@ -127,31 +218,155 @@ impl TlsConnection {
     }
 
     /// Reads decrypted application data. `Ok(0)` is a clean close
-    /// (close_notify); a TCP close without it is `UnexpectedEof`.
+    /// (close_notify, which is answered with ours); a TCP close without it
+    /// is `UnexpectedEof`.
     pub async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.carried.is_empty() {
+            let n = buf.len().min(self.carried.len());
+            if let (Some(dst), Some(src)) = (buf.get_mut(..n), self.carried.get(..n)) {
+                dst.copy_from_slice(src);
+            }
+            self.carried.drain(..n);
+            return Ok(n);
+        }
+        if self.peer_closed {
+            return Ok(0);
+        }
+        let r = match self.layer {
+            Layer::User(_) => self.read_user(buf).await,
+            Layer::Kernel(_) => self.read_kernel(buf).await,
+            Layer::Gone => Err(gone()),
+        };
+        if matches!(r, Ok(0)) && !buf.is_empty() {
+            // RFC 8446 §6.1, RFC 5246 §7.2.1: close_notify is answered.
+            self.peer_closed = true;
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.close()).await;
+        }
+        r
+    }
+
+    async fn read_user(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
-            match self.tls.reader().read(buf) {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            match tls.reader().read(buf) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 other => return other,
             }
             // Nothing decrypted is waiting: send what is queued (session
             // tickets, a KeyUpdate answer) before waiting for the client.
-            if self.tls.wants_write() {
+            if tls.wants_write() {
                 self.flush().await?;
             }
             self.read_tls().await?;
-            if let Err(e) = self.tls.process_new_packets() {
-                let _ = self.tls.write_tls(&mut SyncIo(&self.sock));
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            if let Err(e) = tls.process_new_packets() {
+                let _ = tls.write_tls(&mut SyncIo(&self.sock));
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e));
             }
+        }
+    }
+
+    /// One read from the kernel's record layer: application data, or a
+    /// control record handled here.
+    async fn read_kernel(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let sock = &self.sock;
+            let got = sock
+                .async_io(Interest::READABLE, || ktls::recv_record(sock.as_fd(), buf))
+                .await?;
+            let Layer::Kernel(k) = &mut self.layer else {
+                return Err(gone());
+            };
+            let data = buf.get(..got.len).unwrap_or_default();
+            match got.content_type {
+                content_type::APPLICATION_DATA if got.len == 0 => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "peer closed the connection without close_notify",
+                    ));
+                }
+                content_type::APPLICATION_DATA => return Ok(got.len),
+                content_type::ALERT => match data {
+                    [_, alert::CLOSE_NOTIFY] => return Ok(0),
+                    [alert::WARNING, alert::USER_CANCELED] => continue,
+                    _ => {
+                        // A fatal alert ends the connection with no answer.
+                        self.write_closed = true;
+                        return Err(io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            format!("peer sent alert {data:?}"),
+                        ));
+                    }
+                },
+                content_type::HANDSHAKE => {
+                    // Linux before 6.14 cannot re-key a TLS 1.3 socket, and
+                    // rustls' buffered connection keeps no traffic secret to
+                    // derive the next key from: the connection ends cleanly,
+                    // under the key the peer still reads with.
+                    k.ended_by = Some(match (k.version, data.first()) {
+                        (TlsVersion::Tls13, Some(&KEY_UPDATE)) => "key_update",
+                        (TlsVersion::Tls13, _) => "post_handshake_message",
+                        (TlsVersion::Tls12, _) => "renegotiation",
+                    });
+                    let why = k.ended_by.unwrap_or_default();
+                    let _ = tokio::time::timeout(Duration::from_secs(1), self.close()).await;
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("{why} under kernel TLS: connection closed"),
+                    ));
+                }
+                _ => {
+                    let _ = self
+                        .send_alert(alert::FATAL, alert::UNEXPECTED_MESSAGE)
+                        .await;
+                    self.write_closed = true;
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("unexpected record type {}", got.content_type),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Sends an alert through the kernel's record layer.
+    async fn send_alert(&mut self, level: u8, description: u8) -> io::Result<()> {
+        let sock = &self.sock;
+        let payload = [level, description];
+        let n = sock
+            .async_io(Interest::WRITABLE, || {
+                ktls::send_control(sock.as_fd(), content_type::ALERT, &payload)
+            })
+            .await?;
+        if n == payload.len() {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::WriteZero.into())
         }
     }
 
     /// Encrypts all of `data` into records, sending as rustls' buffer fills.
     /// Call [`flush`](Self::flush) to send what is left.
     pub async fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
+        match &mut self.layer {
+            Layer::User(_) => {}
+            Layer::Kernel(k) => {
+                if !k.charge(data.len()) {
+                    return self.key_worn_out().await;
+                }
+                return AsyncWriteExt::write_all(&mut self.sock, data).await;
+            }
+            Layer::Gone => return Err(gone()),
+        }
         while !data.is_empty() {
-            let n = self.tls.writer().write(data)?;
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            let n = tls.writer().write(data)?;
             data = data.get(n..).unwrap_or_default();
             if n == 0 || !data.is_empty() {
                 self.flush().await?;
@@ -160,40 +375,267 @@ impl TlsConnection {
         Ok(())
     }
 
+    /// The AEAD's confidentiality limit is near and the kernel cannot be
+    /// given a new key: end the connection before another record.
+    async fn key_worn_out(&mut self) -> io::Result<()> {
+        if let Layer::Kernel(k) = &mut self.layer {
+            k.ended_by = Some("record_limit");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.close()).await;
+        Err(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "records under one key reached the cipher's confidentiality limit",
+        ))
+    }
+
     /// Sends every pending TLS record.
     pub async fn flush(&mut self) -> io::Result<()> {
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut SyncIo(&self.sock)) {
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                // The kernel sends as it encrypts.
+                return Ok(());
+            };
+            if !tls.wants_write() {
+                return Ok(());
+            }
+            match tls.write_tls(&mut SyncIo(&self.sock)) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.writable().await?,
                 Err(e) => return Err(e),
             }
         }
-        Ok(())
     }
 
-    /// Sends close_notify and shuts the write side of the socket.
+    /// Sends close_notify (once) and shuts the write side of the socket.
     pub async fn close(&mut self) -> io::Result<()> {
-        self.tls.send_close_notify();
-        self.flush().await?;
+        if self.write_closed {
+            return Ok(());
+        }
+        self.write_closed = true;
+        match &mut self.layer {
+            Layer::User(tls) => {
+                tls.send_close_notify();
+                self.flush().await?;
+            }
+            Layer::Kernel(_) => self.send_alert(alert::WARNING, alert::CLOSE_NOTIFY).await?,
+            Layer::Gone => {}
+        }
         self.sock.shutdown().await
     }
 
-    /// The rustls state (negotiated version, suite, group, SNI...).
-    pub fn tls(&self) -> &ServerConnection {
-        &self.tls
+    /// Sends `head` then `len` bytes of `file` from `offset` with
+    /// `sendfile(2)`, the head in the body's first record (`MSG_MORE`).
+    /// Only under kernel TLS; every wait for the socket is bounded by
+    /// `timeout` (`TimedOut`). A file that shrinks is `UnexpectedEof`:
+    /// what was sent is the file's true prefix, and the caller must end the
+    /// connection.
+    pub async fn sendfile(
+        &mut self,
+        head: &[u8],
+        file: &File,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        let Layer::Kernel(k) = &mut self.layer else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "sendfile needs the record layer in the kernel",
+            ));
+        };
+        let total = usize::try_from(len)
+            .unwrap_or(usize::MAX)
+            .saturating_add(head.len());
+        if !k.charge(total) {
+            return self.key_worn_out().await;
+        }
+        let sock = &self.sock;
+        let mut rest = head;
+        while !rest.is_empty() {
+            let n = tokio::time::timeout(
+                timeout,
+                sock.async_io(Interest::WRITABLE, || ktls::send_more(sock.as_fd(), rest)),
+            )
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+            rest = rest.get(n..).unwrap_or_default();
+        }
+        let mut at = offset;
+        let end = offset.saturating_add(len);
+        while at < end {
+            // Linux moves at most 0x7ffff000 bytes per call.
+            let want = usize::try_from(end - at).map_or(0x7fff_f000, |n| n.min(0x7fff_f000));
+            let n = tokio::time::timeout(
+                timeout,
+                sock.async_io(Interest::WRITABLE, || {
+                    ktls::sendfile(sock.as_fd(), file, &mut at, want)
+                }),
+            )
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file shrank while being sent",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the record layer into the kernel for the rest of the
+    /// connection: records rustls still holds are sent, the record being
+    /// received is read to its end (waiting at most `wait`) so the kernel
+    /// starts at a record boundary, decrypted data already here is kept for
+    /// [`read`](Self::read), then rustls' secrets and sequence numbers go
+    /// to `TLS_TX` and `TLS_RX`. One-way. On
+    /// [`OffloadError::Unsupported`] nothing changed; on any other error
+    /// the connection is unusable.
+    pub async fn offload(
+        &mut self,
+        support: &Support,
+        zerocopy: bool,
+        wait: Duration,
+    ) -> Result<(), OffloadError> {
+        let Layer::User(tls) = &self.layer else {
+            return match self.layer {
+                Layer::Kernel(_) => Ok(()),
+                _ => Err(gone().into()),
+            };
+        };
+        if let Some(why) = &support.unavailable {
+            return Err(OffloadError::Unsupported(why.clone()));
+        }
+        let Some((version, cipher)) =
+            kernel_suite(tls.protocol_version(), tls.negotiated_cipher_suite())
+        else {
+            return Err(OffloadError::Unsupported(format!(
+                "{:?}",
+                tls.negotiated_cipher_suite().map(|s| s.suite())
+            )));
+        };
+        if !support.offers(version, cipher) {
+            return Err(OffloadError::Unsupported(format!(
+                "{} {} in both directions",
+                version.name(),
+                cipher.name()
+            )));
+        }
+        let limit = match tls.negotiated_cipher_suite() {
+            Some(rustls::SupportedCipherSuite::Tls13(s)) => s.common.confidentiality_limit,
+            Some(rustls::SupportedCipherSuite::Tls12(s)) => s.common.confidentiality_limit,
+            None => 0,
+        };
+        self.flush().await?;
+        tokio::time::timeout(wait, self.read_to_record_end())
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        // Answers rustls queued while decrypting (a KeyUpdate's, say).
+        self.flush().await?;
+        let Layer::User(tls) = std::mem::replace(&mut self.layer, Layer::Gone) else {
+            return Err(gone().into());
+        };
+        let secrets = tls
+            .dangerous_extract_secrets()
+            .map_err(|e| OffloadError::Secrets(e.to_string()))?;
+        let fd = self.sock.as_fd();
+        let kernel = |step| move |source| OffloadError::Kernel { call: step, source };
+        ktls::attach_ulp(fd).map_err(kernel("ulp"))?;
+        let tx = crypto_info(version, cipher, &secrets.tx)?;
+        ktls::install(fd, Direction::Tx, &tx).map_err(kernel("tx"))?;
+        let rx = crypto_info(version, cipher, &secrets.rx)?;
+        ktls::install(fd, Direction::Rx, &rx).map_err(kernel("rx"))?;
+        if version == TlsVersion::Tls13 && support.rx_expect_no_pad {
+            // An optimisation the kernel may lack: failure changes nothing.
+            let _ = ktls::expect_no_pad(fd);
+        }
+        if zerocopy && support.tx_zerocopy {
+            let _ = ktls::zerocopy_sendfile(fd);
+        }
+        self.layer = Layer::Kernel(KernelState {
+            version,
+            tx_records: secrets.tx.0,
+            // A margin for the records counted loosely.
+            tx_record_limit: limit.saturating_sub(1 << 16),
+            ended_by: None,
+        });
+        Ok(())
+    }
+
+    /// Decrypts what rustls holds into `carried` and, if the bytes read
+    /// so far end inside a record, reads exactly the rest of that record.
+    async fn read_to_record_end(&mut self) -> io::Result<()> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            let state = tls.process_new_packets().map_err(|e| {
+                let _ = tls.write_tls(&mut SyncIo(&self.sock));
+                io::Error::new(io::ErrorKind::InvalidData, e)
+            })?;
+            let have = state.plaintext_bytes_to_read();
+            if have > 0 {
+                let at = self.carried.len();
+                self.carried.resize(at + have, 0);
+                tls.reader()
+                    .read_exact(self.carried.get_mut(at..).unwrap_or_default())?;
+            }
+            if state.peer_has_closed() {
+                self.peer_closed = true;
+            }
+            let need = self.boundary.to_boundary();
+            if need == 0 {
+                return Ok(());
+            }
+            let want = need.min(chunk.len());
+            let buf = chunk.get_mut(..want).unwrap_or_default();
+            let n = match self.sock.try_read(buf) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.sock.readable().await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let got = buf.get(..n).unwrap_or_default();
+            self.boundary.observe(got);
+            let mut rest = got;
+            while !rest.is_empty() {
+                if tls.read_tls(&mut rest)? == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Whether the kernel runs the record layer.
+    pub fn is_offloaded(&self) -> bool {
+        matches!(self.layer, Layer::Kernel(_))
+    }
+
+    /// Why the kernel's record layer had to end the connection (a
+    /// KeyUpdate it cannot follow, the record limit), for metrics.
+    pub fn ended_by(&self) -> Option<&'static str> {
+        match &self.layer {
+            Layer::Kernel(k) => k.ended_by,
+            _ => None,
+        }
+    }
+
+    /// The rustls state (negotiated version, suite, group, SNI...), while
+    /// rustls runs the record layer.
+    pub fn tls(&self) -> Option<&ServerConnection> {
+        match &self.layer {
+            Layer::User(tls) => Some(tls),
+            _ => None,
+        }
     }
 
     /// The TCP socket.
     pub fn socket(&self) -> &TcpStream {
         &self.sock
-    }
-
-    /// Takes the connection apart, e.g. to move the record layer to the kernel.
-    /// Records may still be queued in rustls (the session tickets): send
-    /// them with [`flush`](Self::flush) first.
-    pub fn into_parts(self) -> (TcpStream, ServerConnection) {
-        (self.sock, self.tls)
     }
 }

@@ -77,6 +77,8 @@ fn server_config(
     // tickets; max_early_data_size = 0 refuses it in every case.
     config.send_tls13_tickets = policy.tickets.tls13_count;
     config.max_early_data_size = 0;
+    // Lets an established connection hand its keys to kernel TLS.
+    config.enable_secret_extraction = true;
     Ok(Arc::new(config))
 }
 

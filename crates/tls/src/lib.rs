@@ -1,6 +1,7 @@
 //! TLS termination for tlsgate: certificates and keys, choice of
 //! certificate by SNI, the rustls server configuration, and a hand-driven
-//! TLS connection over a tokio socket.
+//! TLS connection over a tokio socket whose record layer can move into the
+//! kernel (kTLS).
 //!
 //! It owns nothing of HTTP. Keys are read here ([`certs`]), by the key
 //! process or, with key isolation off, by the server itself; the
@@ -12,6 +13,7 @@ pub mod client_auth;
 mod conn;
 mod context;
 pub mod error;
+mod offload;
 pub mod remote;
 pub mod resolver;
 pub mod tickets;
@@ -21,6 +23,7 @@ pub use client_auth::ClientIdentity;
 pub use conn::{accept, TlsConnection};
 pub use context::{ContextError, TlsContext};
 pub use error::{CertError, HandshakeError};
+pub use offload::OffloadError;
 pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
 pub use rustls;
 pub use tickets::{TicketKeyError, TicketKeys, TicketObserver};

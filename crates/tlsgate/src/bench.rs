@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Run tlsgate with keys in-process (to measure key isolation's cost).
     #[arg(long)]
     no_key_isolation: bool,
+    /// tlsgate's kernel-TLS policy: auto, always or never (kTLS kernels only).
+    #[arg(long, value_name = "POLICY", default_value = "auto")]
+    offload: String,
 }
 
 /// Runs the bench; exit 0 when every figure is sane, 1 otherwise, 2 on usage errors.
@@ -93,6 +96,15 @@ pub fn run(args: BenchArgs) -> ExitCode {
     if !args.stream_connections.is_empty() {
         opts.stream_connections = args.stream_connections.clone();
     }
+    opts.tlsgate_offload = match args.offload.as_str() {
+        "auto" => tlsgate_config::OffloadPolicy::Auto,
+        "always" => tlsgate_config::OffloadPolicy::Always,
+        "never" => tlsgate_config::OffloadPolicy::Never,
+        other => {
+            eprintln!("tlsgate: error: --offload: unknown policy {other:?}: expected auto, always or never");
+            return ExitCode::from(2);
+        }
+    };
     if args.no_key_isolation {
         opts.tlsgate_server_extra = "key_isolation = false".into();
     }

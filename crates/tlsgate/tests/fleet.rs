@@ -9,7 +9,7 @@ mod common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -296,23 +296,12 @@ fn expired_tickets_are_refused_by_the_server_not_only_the_client() {
 
 /// `openssl s_client` with a session file; returns its output.
 fn s_client(s: &Server, version: &str, sess: &Path, out: bool) -> String {
-    let connect = format!("127.0.0.1:{}", s.addr.port());
     let flag = if out { "-sess_out" } else { "-sess_in" };
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-connect", &connect, "-servername", "localhost"])
-        .args([version, flag, sess.to_str().unwrap(), "-ign_eof"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl must be installed (./dev setup installs it)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::s_client(
+        s.addr,
+        &[version, flag, sess.to_str().unwrap(), "-ign_eof"],
+        b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.ends_with(HELLO) || text.contains(HELLO), "{text}");
     text

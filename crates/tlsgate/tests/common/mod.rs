@@ -302,6 +302,22 @@ fn find_after(text: &str, marker: &str) -> Option<SocketAddr> {
     rest[..end].parse().ok()
 }
 
+/// Runs `openssl s_client` against `addr` (SNI localhost) with `args`,
+/// writes `request` to it and waits for it to end; its output.
+pub fn s_client(addr: SocketAddr, args: &[&str], request: &[u8]) -> Output {
+    let connect = addr.to_string();
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-connect", &connect, "-servername", "localhost"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("openssl must be installed (./dev setup installs it)");
+    child.stdin.take().unwrap().write_all(request).unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Accepts any certificate: these tests check what the server sends, not
 /// its trust (it is self-signed).
 #[derive(Debug)]
