@@ -131,6 +131,18 @@ pub fn size_name(size: u64) -> String {
     }
 }
 
+/// The inverse of [`size_name`]: "1k", "64k", "10m", "100b" or plain bytes.
+pub fn parse_size(text: &str) -> Option<u64> {
+    let t = text.trim().to_ascii_lowercase();
+    let (digits, shift) = match t.as_bytes().last()? {
+        b'k' => (&t[..t.len() - 1], 10),
+        b'm' => (&t[..t.len() - 1], 20),
+        b'b' => (&t[..t.len() - 1], 0),
+        _ => (t.as_str(), 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
 fn make_cert(
     dir: &Path,
     stem: &str,
@@ -195,6 +207,13 @@ mod tests {
         assert_eq!(size_name(1024), "1k");
         assert_eq!(size_name(10 << 20), "10m");
         assert_eq!(size_name(1000), "1000b");
+        for n in [1024, 10 << 20, 1000, 1 << 10 | 1] {
+            assert_eq!(parse_size(&size_name(n)), Some(n));
+        }
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("1x"), None);
+        assert_eq!(parse_size(""), None);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct BenchArgs {
     /// Run tlsgate with keys in-process (to measure key isolation's cost).
     #[arg(long)]
     no_key_isolation: bool,
+    /// Transfer scenario file sizes, comma-separated (e.g. 16k,1m,10m).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<String>,
     /// tlsgate's kernel-TLS policy: auto, always or never (kTLS kernels only).
     #[arg(long, value_name = "POLICY", default_value = "auto")]
     offload: String,
@@ -95,6 +98,19 @@ pub fn run(args: BenchArgs) -> ExitCode {
     }
     if !args.stream_connections.is_empty() {
         opts.stream_connections = args.stream_connections.clone();
+    }
+    if !args.sizes.is_empty() {
+        let mut sizes = Vec::new();
+        for t in &args.sizes {
+            match tlsgate_bench::materials::parse_size(t) {
+                Some(n) if n > 0 => sizes.push(n),
+                _ => {
+                    eprintln!("tlsgate: error: --sizes: {t:?} is not a size: expected e.g. 16k, 1m, 4096");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        opts.sizes = sizes;
     }
     opts.tlsgate_offload = match args.offload.as_str() {
         "auto" => tlsgate_config::OffloadPolicy::Auto,
