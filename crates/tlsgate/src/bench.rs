@@ -105,7 +105,9 @@ pub fn run(args: BenchArgs) -> ExitCode {
             match tlsgate_bench::materials::parse_size(t) {
                 Some(n) if n > 0 => sizes.push(n),
                 _ => {
-                    eprintln!("tlsgate: error: --sizes: {t:?} is not a size: expected e.g. 16k, 1m, 4096");
+                    eprintln!(
+                        "tlsgate: error: --sizes: {t:?} is not a size: expected e.g. 16k, 1m, 4096"
+                    );
                     return ExitCode::from(2);
                 }
             }
