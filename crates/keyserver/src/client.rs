@@ -238,6 +238,9 @@ struct Inner {
     active: Mutex<Vec<u64>>,
     control: Mutex<Option<UnixStream>>,
     supervisor: Mutex<Option<Child>>,
+    /// Set when tlsgate itself closes the key process (an orderly stop):
+    /// its going away is then expected, not an error.
+    closing: AtomicBool,
 }
 
 impl std::fmt::Debug for Inner {
@@ -274,6 +277,7 @@ impl KeyClient {
             active: Mutex::new(Vec::new()),
             control: Mutex::new(None),
             supervisor: Mutex::new(Some(child)),
+            closing: AtomicBool::new(false),
         });
         ours.set_read_timeout(Some(CONNECT_TIMEOUT))?;
         let first = tlsgate_sys::ipc::recv_fd(&ours)?
@@ -342,6 +346,7 @@ impl Drop for KeyClient {
         // Closing the sockets ends the key server (EOF) and then the
         // supervisor (its next hand-over fails). The supervisor is reaped
         // only when it could be killed (not after dropping privileges).
+        self.inner.closing.store(true, Ordering::SeqCst);
         if let Some(c) = lock(&self.inner.current).take() {
             c.close();
         }
@@ -397,6 +402,10 @@ impl Inner {
             let fd = match tlsgate_sys::ipc::recv_fd(control) {
                 Ok(Some(fd)) => fd,
                 Ok(None) | Err(_) => {
+                    if self.closing.load(Ordering::SeqCst) {
+                        tracing::debug!("the key supervisor stopped with tlsgate");
+                        return;
+                    }
                     tracing::error!(
                         "the key supervisor is gone: handshakes fail until tlsgate is restarted"
                     );

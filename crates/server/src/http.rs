@@ -50,6 +50,9 @@ pub(crate) struct HttpCtx<'a> {
 enum End {
     Done,
     Timeout(&'static str),
+    /// A response broke off after its head: the connection is dropped
+    /// without close_notify, which would claim a complete exchange.
+    Abort,
 }
 
 /// A response's outcome for logs and metrics.
@@ -110,7 +113,9 @@ async fn send_then<T: Transport>(
 }
 
 /// Serves requests until the client leaves, a limit or timeout ends the
-/// connection, or shutdown. Never panics on client input.
+/// connection, or shutdown. Never panics on client input. Ends with the
+/// transport closed (close_notify for TLS, RFC 8446 §6.1) unless the client
+/// stopped reading.
 pub(crate) async fn serve<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) {
     let end = serve_inner(io, cx).await;
     if let End::Timeout(which) = end {
@@ -119,6 +124,10 @@ pub(crate) async fn serve<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>)
             .timeouts
             .get_or_create(&tlsgate_metrics::ReasonLabel { reason: which })
             .inc();
+    }
+    if !matches!(end, End::Timeout("send") | End::Abort) {
+        // Idempotent: paths that closed already send nothing more.
+        close(io).await;
     }
 }
 
@@ -522,7 +531,7 @@ async fn respond<T: Transport + Send>(
         if let Err(e) = file.read_exact_at(out.get_mut(at..).unwrap_or_default(), start) {
             // The head promised a length we cannot deliver: drop the connection.
             tracing::warn!(peer = %cx.peer, "read failed mid-response: {e}");
-            return Err(End::Done);
+            return Err(End::Abort);
         }
         let path = if io.offloaded() {
             "ktls_write"
@@ -546,7 +555,7 @@ async fn respond<T: Transport + Send>(
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     tracing::warn!(peer = %cx.peer, "{e}: connection dropped mid-response");
                 }
-                return Err(End::Done);
+                return Err(End::Abort);
             }
         }
     }

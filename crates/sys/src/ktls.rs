@@ -397,6 +397,12 @@ pub fn recv_record(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received>
     Ok(Received { len, content_type })
 }
 
+/// Whether a kTLS read failed because a record did not authenticate
+/// (`EBADMSG`): the peer sent garbage or the keys disagree.
+pub fn is_bad_record(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EBADMSG)
+}
+
 /// Writes `data` with `MSG_MORE`: under kTLS the record stays open so the
 /// next write (a `sendfile`) fills it, instead of a small record of its own.
 pub fn send_more(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {

@@ -52,13 +52,103 @@ impl Write for SyncIo<'_> {
 struct TrackedRead<'a> {
     sock: &'a TcpStream,
     boundary: &'a mut RecordBoundary,
+    /// The stream's first bytes, kept while the ClientHello is read.
+    first: Option<&'a mut HelloStart>,
 }
 
 impl Read for TrackedRead<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.sock.try_read(buf)?;
-        self.boundary.observe(buf.get(..n).unwrap_or_default());
+        let got = buf.get(..n).unwrap_or_default();
+        self.boundary.observe(got);
+        if let Some(first) = self.first.as_deref_mut() {
+            first.observe(got);
+        }
         Ok(n)
+    }
+}
+
+/// The first 11 bytes of a connection: record header, handshake header and
+/// the ClientHello's legacy_version.
+#[derive(Default)]
+struct HelloStart {
+    bytes: [u8; 11],
+    have: usize,
+}
+
+impl HelloStart {
+    fn observe(&mut self, got: &[u8]) {
+        let take = (self.bytes.len() - self.have).min(got.len());
+        if let (Some(dst), Some(src)) = (
+            self.bytes.get_mut(self.have..self.have + take),
+            got.get(..take),
+        ) {
+            dst.copy_from_slice(src);
+        }
+        self.have += take;
+    }
+
+    /// The ClientHello's legacy_version, if the first record carries it.
+    fn legacy_version(&self) -> Option<u16> {
+        match self.bytes {
+            [0x16, _, _, _, _, 0x01, _, _, _, major, minor] if self.have == 11 => {
+                Some(u16::from_be_bytes([major, minor]))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A plaintext `protocol_version` fatal alert record.
+const ALERT_PROTOCOL_VERSION: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
+
+/// Writes for rustls that keep the first 76 bytes sent: the TLS 1.2
+/// ServerHello's session ID, which a fatal alert must forget.
+struct FirstFlight<'a> {
+    sock: &'a TcpStream,
+    bytes: &'a mut Vec<u8>,
+}
+
+impl Write for FirstFlight<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.sock.try_write(buf)?;
+        let keep = (76usize.saturating_sub(self.bytes.len())).min(n);
+        self.bytes
+            .extend_from_slice(buf.get(..keep).unwrap_or_default());
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The session ID of a TLS 1.2 ServerHello at the start of `flight`:
+/// record header (5), handshake header (4), version (2), random (32),
+/// then the ID's length and the ID.
+fn server_hello_session_id(flight: &[u8]) -> Option<([u8; 32], usize)> {
+    if flight.first() != Some(&0x16) || flight.get(5) != Some(&0x02) {
+        return None;
+    }
+    let len = usize::from(*flight.get(43)?);
+    let id = flight.get(44..44 + len)?;
+    let mut out = [0u8; 32];
+    out.get_mut(..len)?.copy_from_slice(id);
+    (len > 0).then_some((out, len))
+}
+
+/// A TLS 1.2 session in the server's cache, forgotten if the connection
+/// ends in a fatal alert (RFC 5246 §7.2.2).
+struct CachedSession {
+    config: std::sync::Arc<rustls::ServerConfig>,
+    id: [u8; 32],
+    len: usize,
+}
+
+impl CachedSession {
+    fn forget(&self) {
+        if let Some(id) = self.id.get(..self.len) {
+            self.config.session_storage.take(id);
+        }
     }
 }
 
@@ -73,10 +163,12 @@ fn send_now(sock: &TcpStream, bytes: &[u8]) {
 pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, HandshakeError> {
     let mut acceptor = Acceptor::default();
     let mut boundary = RecordBoundary::default();
+    let mut first = HelloStart::default();
     let accepted = loop {
         let mut io = TrackedRead {
             sock: &sock,
             boundary: &mut boundary,
+            first: Some(&mut first),
         };
         match acceptor.read_tls(&mut io) {
             Ok(0) => return Err(HandshakeError::Eof),
@@ -96,6 +188,12 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
             }
         }
     };
+    // RFC 8446 Appendix D.5: a ClientHello with legacy_version 0x0300
+    // (SSLv3) or lower MUST be refused with protocol_version.
+    if let Some(v) = first.legacy_version().filter(|v| *v <= 0x0300) {
+        send_now(&sock, &ALERT_PROTOCOL_VERSION);
+        return Err(HandshakeError::LegacyVersion(v));
+    }
     let sni = accepted.client_hello().server_name().map(str::to_owned);
     // The name decides the certificate and whether a client certificate
     // is asked for (mutual TLS per name).
@@ -110,6 +208,7 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
             return Err(e.into());
         }
     };
+    let tls12 = tls.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2);
     let mut conn = TlsConnection {
         sock,
         layer: Layer::User(tls),
@@ -117,8 +216,25 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
         carried: Vec::new(),
         peer_closed: false,
         write_closed: false,
+        session: None,
     };
-    conn.finish_handshake().await?;
+    if tls12 {
+        // The first flight goes out now, its session ID noted.
+        let mut flight = Vec::new();
+        conn.flush_into(&mut flight).await?;
+        conn.session = server_hello_session_id(&flight).map(|(id, len)| CachedSession {
+            config: config.clone(),
+            id,
+            len,
+        });
+    }
+    if let Err(e) = conn.finish_handshake().await {
+        if matches!(e, HandshakeError::Tls(_)) {
+            // A fatal alert was sent or received.
+            conn.failed();
+        }
+        return Err(e);
+    }
     Ok(conn)
 }
 
@@ -135,6 +251,8 @@ pub struct TlsConnection {
     peer_closed: bool,
     /// Our close_notify was sent (or the write side is gone).
     write_closed: bool,
+    /// The TLS 1.2 session this connection put in (or took from) the cache.
+    session: Option<CachedSession>,
 }
 
 // Boxing rustls' state would cost an allocation per connection to save
@@ -158,6 +276,7 @@ fn gone() -> io::Error {
 mod alert {
     pub const CLOSE_NOTIFY: u8 = 0;
     pub const UNEXPECTED_MESSAGE: u8 = 10;
+    pub const BAD_RECORD_MAC: u8 = 20;
     pub const USER_CANCELED: u8 = 90;
     pub const WARNING: u8 = 1;
     pub const FATAL: u8 = 2;
@@ -172,32 +291,56 @@ impl TlsConnection {
             let Layer::User(tls) = &mut self.layer else {
                 return Err(gone().into());
             };
-            if !tls.is_handshaking() {
-                break;
-            }
-            self.flush().await?;
-            let Layer::User(tls) = &mut self.layer else {
-                return Err(gone().into());
-            };
-            if !tls.is_handshaking() {
-                break;
-            }
-            if self.read_tls().await? == 0 {
-                return Err(HandshakeError::Eof);
-            }
-            let Layer::User(tls) = &mut self.layer else {
-                return Err(gone().into());
-            };
+            // First whatever is already here: records that came in the same
+            // read as the ClientHello (a pipelined flight, a second hello)
+            // are processed now, never left waiting for more input.
             if let Err(e) = tls.process_new_packets() {
                 // rustls queued the matching alert: try to deliver it.
                 let _ = tls.write_tls(&mut SyncIo(&self.sock));
                 return Err(e.into());
+            }
+            if !tls.is_handshaking() {
+                break;
+            }
+            self.flush().await?;
+            if self.read_tls().await? == 0 {
+                return Err(HandshakeError::Eof);
             }
         }
         // TLS 1.3 session tickets stay queued: they leave with the first
         // response in one write, or in `read` before it waits for the
         // client, saving a write (and a client wake-up) per connection.
         Ok(())
+    }
+
+    /// Sends what rustls holds, keeping the first bytes in `flight`.
+    async fn flush_into(&mut self, flight: &mut Vec<u8>) -> io::Result<()> {
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            if !tls.wants_write() {
+                return Ok(());
+            }
+            let mut io = FirstFlight {
+                sock: &self.sock,
+                bytes: flight,
+            };
+            match tls.write_tls(&mut io) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The connection ended in a fatal alert (sent or received): its
+    /// session must not resume (RFC 5246 §7.2.2).
+    fn failed(&mut self) {
+        if let Some(s) = self.session.take() {
+            s.forget();
+        }
     }
 
     /// Reads TLS records from the socket into rustls; 0 means TCP EOF.
@@ -209,6 +352,7 @@ impl TlsConnection {
             let mut io = TrackedRead {
                 sock: &self.sock,
                 boundary: &mut self.boundary,
+                first: None,
             };
             match tls.read_tls(&mut io) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.readable().await?,
@@ -265,6 +409,9 @@ impl TlsConnection {
             };
             if let Err(e) = tls.process_new_packets() {
                 let _ = tls.write_tls(&mut SyncIo(&self.sock));
+                // A fatal alert, ours or the peer's, ends the connection.
+                self.write_closed = true;
+                self.failed();
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e));
             }
         }
@@ -275,9 +422,21 @@ impl TlsConnection {
     async fn read_kernel(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let sock = &self.sock;
-            let got = sock
+            let got = match sock
                 .async_io(Interest::READABLE, || ktls::recv_record(sock.as_fd(), buf))
-                .await?;
+                .await
+            {
+                Ok(got) => got,
+                Err(e) if ktls::is_bad_record(&e) => {
+                    // The kernel could not authenticate a record: answer as
+                    // rustls would, with bad_record_mac, and fail.
+                    let _ = self.send_alert(alert::FATAL, alert::BAD_RECORD_MAC).await;
+                    self.write_closed = true;
+                    self.failed();
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+                Err(e) => return Err(e),
+            };
             let Layer::Kernel(k) = &mut self.layer else {
                 return Err(gone());
             };
@@ -296,6 +455,7 @@ impl TlsConnection {
                     _ => {
                         // A fatal alert ends the connection with no answer.
                         self.write_closed = true;
+                        self.failed();
                         return Err(io::Error::new(
                             io::ErrorKind::ConnectionAborted,
                             format!("peer sent alert {data:?}"),
@@ -324,6 +484,7 @@ impl TlsConnection {
                         .send_alert(alert::FATAL, alert::UNEXPECTED_MESSAGE)
                         .await;
                     self.write_closed = true;
+                    self.failed();
                     return Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!("unexpected record type {}", got.content_type),

@@ -28,6 +28,9 @@ pub enum HandshakeError {
     /// The client's SNI matched no certificate and the policy is to reject.
     #[error("unrecognized server name {0:?}")]
     UnrecognizedName(Option<String>),
+    /// The ClientHello's legacy_version was SSLv3 or older (RFC 8446 D.5).
+    #[error("ClientHello legacy_version {0:#06x} (SSLv3 or older) refused")]
+    LegacyVersion(u16),
     /// The TLS layer refused the client (bad record, no common version or cipher...).
     #[error("TLS error: {0}")]
     Tls(#[from] rustls::Error),
@@ -41,6 +44,7 @@ impl HandshakeError {
             Self::Eof => "eof",
             Self::Io(_) => "io",
             Self::UnrecognizedName(_) => "unrecognized_name",
+            Self::LegacyVersion(_) => "protocol_version",
             Self::Tls(e) => match e {
                 E::InvalidMessage(_) => "invalid_message",
                 E::PeerIncompatible(p) => match p {
