@@ -403,6 +403,13 @@ pub fn is_bad_record(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EBADMSG)
 }
 
+/// Reads and clears the socket's pending error (`SO_ERROR`). After a
+/// record fails to authenticate the kernel leaves `EBADMSG` there, and
+/// every later send would fail with it — the alert that must answer it too.
+pub fn clear_error(sock: BorrowedFd<'_>) -> io::Result<Option<io::Error>> {
+    socket2::SockRef::from(&sock).take_error()
+}
+
 /// Writes `data` with `MSG_MORE`: under kTLS the record stays open so the
 /// next write (a `sendfile`) fills it, instead of a small record of its own.
 pub fn send_more(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {

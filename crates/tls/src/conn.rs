@@ -429,7 +429,9 @@ impl TlsConnection {
                 Ok(got) => got,
                 Err(e) if ktls::is_bad_record(&e) => {
                     // The kernel could not authenticate a record: answer as
-                    // rustls would, with bad_record_mac, and fail.
+                    // rustls would, with bad_record_mac, and fail. The
+                    // kernel's pending EBADMSG would refuse the alert.
+                    let _ = ktls::clear_error(self.sock.as_fd());
                     let _ = self.send_alert(alert::FATAL, alert::BAD_RECORD_MAC).await;
                     self.write_closed = true;
                     self.failed();

@@ -570,3 +570,35 @@ fn many_connections_offloaded_at_once() {
         assert_eq!(offloaded(&s), n as f64);
     }
 }
+
+/// A record that does not authenticate, under the kernel's record layer:
+/// the server answers bad_record_mac (through the kernel) and ends the
+/// connection; the next connection is served.
+#[test]
+fn a_corrupted_record_gets_bad_record_mac() {
+    let _g = serial();
+    let site = Site::new();
+    let s = site.start("always");
+    let stat = StatDelta::start();
+    let mut c = tls_connect(s.addr);
+    let (_, body) = get(&mut c, "/f1.bin");
+    assert_eq!(body, site.body(1));
+    let mut bad = vec![0x17, 3, 3, 0, 40];
+    bad.extend((0..40u8).map(|i| i.wrapping_mul(37)));
+    c.sock.write_all(&bad).unwrap();
+    let mut buf = [0u8; 64];
+    let e = c.read(&mut buf).unwrap_err();
+    assert!(e.to_string().contains("BadRecordMac"), "{e}");
+    let mut c = tls_connect(s.addr);
+    let (_, body) = get(&mut c, "/f16384.bin");
+    assert!(body == site.body(16 * 1024));
+    drop(c);
+    if kernel_tls() {
+        assert_eq!(
+            stat.get("TlsDecryptError"),
+            1,
+            "the kernel saw the bad record"
+        );
+        assert_eq!(stat.get("TlsTxSw"), 2);
+    }
+}
