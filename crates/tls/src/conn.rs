@@ -102,19 +102,25 @@ impl HelloStart {
 /// A plaintext `protocol_version` fatal alert record.
 const ALERT_PROTOCOL_VERSION: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 
-/// Writes for rustls that keep the first 76 bytes sent: the TLS 1.2
+/// Writes for rustls that keep the first bytes sent: the TLS 1.2
 /// ServerHello's session ID, which a fatal alert must forget.
 struct FirstFlight<'a> {
     sock: &'a TcpStream,
-    bytes: &'a mut Vec<u8>,
+    bytes: &'a mut [u8; 76],
+    have: &'a mut usize,
 }
 
 impl Write for FirstFlight<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.sock.try_write(buf)?;
-        let keep = (76usize.saturating_sub(self.bytes.len())).min(n);
-        self.bytes
-            .extend_from_slice(buf.get(..keep).unwrap_or_default());
+        let keep = (self.bytes.len() - *self.have).min(n);
+        if let (Some(dst), Some(src)) = (
+            self.bytes.get_mut(*self.have..*self.have + keep),
+            buf.get(..keep),
+        ) {
+            dst.copy_from_slice(src);
+        }
+        *self.have += keep;
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -220,9 +226,10 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
     };
     if tls12 {
         // The first flight goes out now, its session ID noted.
-        let mut flight = Vec::new();
-        conn.flush_into(&mut flight).await?;
-        conn.session = server_hello_session_id(&flight).map(|(id, len)| CachedSession {
+        let (mut flight, mut have) = ([0u8; 76], 0);
+        conn.flush_into(&mut flight, &mut have).await?;
+        let flight = flight.get(..have).unwrap_or_default();
+        conn.session = server_hello_session_id(flight).map(|(id, len)| CachedSession {
             config: config.clone(),
             id,
             len,
@@ -314,7 +321,7 @@ impl TlsConnection {
     }
 
     /// Sends what rustls holds, keeping the first bytes in `flight`.
-    async fn flush_into(&mut self, flight: &mut Vec<u8>) -> io::Result<()> {
+    async fn flush_into(&mut self, flight: &mut [u8; 76], have: &mut usize) -> io::Result<()> {
         loop {
             let Layer::User(tls) = &mut self.layer else {
                 return Err(gone());
@@ -325,6 +332,7 @@ impl TlsConnection {
             let mut io = FirstFlight {
                 sock: &self.sock,
                 bytes: flight,
+                have,
             };
             match tls.write_tls(&mut io) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
