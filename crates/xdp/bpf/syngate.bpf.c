@@ -259,27 +259,26 @@ enum answer {
 	FAILED,
 };
 
-static __always_inline void count_source(void *l3, int v6)
+/* Counts a source of a SYN answered in flood mode: the IPv4 address or
+ * the IPv6 /64 (saddr6's first two words). */
+static __always_inline void count_source(int v6, __u32 saddr4, const __u32 *saddr6)
 {
 	__u64 one = 1, *v;
 
 	if (v6) {
-		__u64 key;
+		__u64 key = ((__u64)saddr6[1] << 32) | saddr6[0];
 
-		__builtin_memcpy(&key, &((struct ipv6hdr *)l3)->saddr, 8);
 		v = bpf_map_lookup_elem(&top_v6, &key);
 		if (v)
 			__sync_fetch_and_add(v, 1);
 		else
 			bpf_map_update_elem(&top_v6, &key, &one, BPF_NOEXIST);
 	} else {
-		__u32 key = ((struct iphdr *)l3)->saddr;
-
-		v = bpf_map_lookup_elem(&top_v4, &key);
+		v = bpf_map_lookup_elem(&top_v4, &saddr4);
 		if (v)
 			__sync_fetch_and_add(v, 1);
 		else
-			bpf_map_update_elem(&top_v4, &key, &one, BPF_NOEXIST);
+			bpf_map_update_elem(&top_v4, &saddr4, &one, BPF_NOEXIST);
 	}
 }
 
@@ -408,15 +407,20 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 		saddr4 = ip4->saddr;
 		daddr4 = ip4->daddr;
 	}
-	if (sample)
-		count_source(l3, v6);
 	if (si.has_ts)
 		tsval = cookie_tsval(now, &si);
 
-	/* Resize the frame to Ethernet + IP + 40 bytes of TCP. */
-	new_len = (l3off & 0xff) + l3len + SYNACK_TCP_LEN;
+	/* Resize the frame to Ethernet + IP + 40 bytes of TCP. A SYN with
+	 * fewer options (hping3's have none) needs more room: take it at the
+	 * front, where XDP guarantees XDP_PACKET_HEADROOM (256 bytes), not at
+	 * the end, where a veth frame built on a small skb has next to none.
+	 * Every header is written afresh below, so where the old ones were
+	 * does not matter. */
+	new_len = l3len + SYNACK_TCP_LEN + sizeof(struct ethhdr);
 	delta = (int)new_len - (int)(data_end - data);
-	if (delta && bpf_xdp_adjust_tail(ctx, delta))
+	if (delta > 0 && bpf_xdp_adjust_head(ctx, -delta))
+		return FAILED;
+	if (delta < 0 && bpf_xdp_adjust_tail(ctx, delta))
 		return FAILED;
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
@@ -425,7 +429,8 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 		return FAILED;
 	__builtin_memcpy(eth->h_dest, src_mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, dst_mac, ETH_ALEN);
-	l3 = data + (l3off & 0xff);
+	eth->h_proto = bpf_htons(v6 ? ETH_P_IPV6 : ETH_P_IP);
+	l3 = (void *)(eth + 1);
 
 	if (v6) {
 		struct ipv6hdr *ip6 = l3;
@@ -438,7 +443,7 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 		th = (void *)(ip6 + 1);
 		if ((void *)th + SYNACK_TCP_LEN > data_end)
 			return FAILED;
-		*(__be32 *)ip6 = bpf_htonl(6u << 28);
+		*(__be32 *)ip6 = bpf_htonl(6u << 28); /* version, no class or label */
 		ip6->payload_len = bpf_htons(SYNACK_TCP_LEN);
 		ip6->nexthdr = IPPROTO_TCP;
 		ip6->hop_limit = 64;
@@ -476,6 +481,7 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 		th = (void *)(ip4 + 1);
 		if ((void *)th + SYNACK_TCP_LEN > data_end)
 			return FAILED;
+		*(__u8 *)ip4 = 0x45; /* version 4, 5 words */
 		ip4->tos = 0;
 		ip4->tot_len = bpf_htons(sizeof(*ip4) + SYNACK_TCP_LEN);
 		ip4->id = 0;
@@ -510,6 +516,8 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 			return FAILED;
 		th->check = csum_fold((__u32)sum);
 	}
+	if (sample)
+		count_source(v6, saddr4, saddr6);
 	return ANSWERED;
 }
 
