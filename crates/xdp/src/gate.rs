@@ -70,7 +70,7 @@ impl AttachOptions {
     }
 }
 
-/// An attachment made by [`attach`].
+/// An attachment made by [`attach`] or [`attach_held`].
 #[derive(Clone, Debug)]
 pub struct Attachment {
     /// The pin directory.
@@ -192,13 +192,75 @@ impl Drop for Restore<'_> {
 }
 
 /// Loads, configures, attaches and pins SynGate on `o.iface`, checking (or,
-/// with `manage_sysctls`, setting) the sysctls its mode needs first.
+/// with `manage_sysctls`, setting) the sysctls its mode needs first. The
+/// link is pinned: the program stays attached after this process exits.
 pub fn attach(o: &AttachOptions) -> Result<Attachment, Error> {
-    attach_with(o, &Sysctls::default())
+    attach_with(o, &Sysctls::default(), true).map(|(a, _)| a)
 }
 
-/// [`attach`] with the sysctls read and written under `sysctls`.
-pub fn attach_with(o: &AttachOptions, sysctls: &Sysctls) -> Result<Attachment, Error> {
+/// SynGate attached for as long as this value (this process) lives: the
+/// link is not pinned, only held, so the kernel detaches the program when
+/// the process exits, whether it stops cleanly or crashes. The maps are
+/// pinned (for `tlsgate xdp stats`); [`Held::release`] removes them and
+/// restores the sysctls, and [`cleanup_stale`] does it at the next start
+/// after a crash.
+#[derive(Debug)]
+pub struct Held {
+    /// What was attached.
+    pub attachment: Attachment,
+    link: Option<FdLink>,
+    pin_root: PathBuf,
+    iface: String,
+}
+
+/// Attaches SynGate to `o.iface` for the life of this process (see
+/// [`Held`]).
+pub fn attach_held(o: &AttachOptions) -> Result<Held, Error> {
+    let (attachment, link) = attach_with(o, &Sysctls::default(), false)?;
+    Ok(Held {
+        attachment,
+        link,
+        pin_root: o.pin_root.clone(),
+        iface: o.iface.clone(),
+    })
+}
+
+impl Held {
+    /// Detaches the program, removes the pins and restores the sysctls.
+    pub fn release(mut self) -> Result<Detached, Error> {
+        drop(self.link.take());
+        detach(&self.pin_root, &self.iface)
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The pin root.
+    pub fn pin_root(&self) -> &Path {
+        &self.pin_root
+    }
+}
+
+/// Removes what a previous SynGate on `iface` left behind (a process that
+/// crashed leaves its pinned maps and changed sysctls; one attached by
+/// `tlsgate xdp attach` leaves its pinned link): detaches, unpins,
+/// restores. `None` when there was nothing.
+pub fn cleanup_stale(pin_root: &Path, iface: &str) -> Result<Option<Detached>, Error> {
+    if !pin_dir(pin_root, iface)?.exists() {
+        return Ok(None);
+    }
+    detach(pin_root, iface).map(Some)
+}
+
+/// [`attach`] with the sysctls read and written under `sysctls`; with
+/// `pin_link` false the link is returned instead of pinned.
+pub fn attach_with(
+    o: &AttachOptions,
+    sysctls: &Sysctls,
+    pin_link: bool,
+) -> Result<(Attachment, Option<FdLink>), Error> {
     let dir = pin_dir(&o.pin_root, &o.iface)?;
     let slot_ports = validate_ports(&o.ports)?;
     if is_attached(&o.pin_root, &o.iface) {
@@ -256,7 +318,7 @@ pub fn attach_with(o: &AttachOptions, sysctls: &Sysctls) -> Result<Attachment, E
     prog.load().map_err(load_error)?;
 
     std::fs::create_dir_all(&dir).map_err(|e| Error::bpf(format!("mkdir {}", dir.display()), e))?;
-    let result = (|| {
+    let result = (|| -> Result<Option<FdLink>, Error> {
         for name in MAPS {
             let map = ebpf
                 .map(name)
@@ -282,20 +344,29 @@ pub fn attach_with(o: &AttachOptions, sysctls: &Sysctls) -> Result<Attachment, E
             .map_err(|e| Error::bpf("take the XDP link", chain(&e)))?;
         let link = FdLink::try_from(link)
             .map_err(|e| Error::bpf("the XDP link is not a BPF link", chain(&e)))?;
+        if !pin_link {
+            return Ok(Some(link));
+        }
         link.pin(dir.join("link"))
             .map_err(|e| Error::bpf("pin the XDP link", chain(&e)))?;
-        Ok(())
+        Ok(None)
     })();
-    if let Err(e) = result {
-        remove_pins(&dir);
-        return Err(e);
-    }
+    let link = match result {
+        Ok(link) => link,
+        Err(e) => {
+            remove_pins(&dir);
+            return Err(e);
+        }
+    };
     let changed = std::mem::take(&mut restore.changed);
-    Ok(Attachment {
-        dir,
-        wscale,
-        changed,
-    })
+    Ok((
+        Attachment {
+            dir,
+            wscale,
+            changed,
+        },
+        link,
+    ))
 }
 
 fn map_mut<'a, V: aya::Pod>(

@@ -17,11 +17,14 @@
 
 pub mod abi;
 pub mod gate;
+pub mod metrics;
 pub mod stats;
 pub mod sysctl;
 
 pub use abi::Mode;
-pub use gate::{attach, detach, AttachOptions, Attachment, Detached};
+pub use gate::{
+    attach, attach_held, cleanup_stale, detach, AttachOptions, Attachment, Detached, Held,
+};
 pub use stats::{stats, Stats};
 
 /// The compiled XDP object: the `syngate` program and, for the far end of
