@@ -1,5 +1,6 @@
 //! SynGate's counters for `/metrics`: a Prometheus collector that reads
-//! the pinned maps at every scrape (nothing to keep in step).
+//! the pinned maps at every scrape (nothing to keep in step). Its names
+//! get the registry's `tlsgate_` prefix.
 //!
 //! Every series is labelled by interface and, but for the top sources,
 //! by port: `tlsgate_xdp_syns_total`, `_cookies_total`, `_passed_total`,
@@ -78,7 +79,7 @@ impl Collector for XdpCollector {
         let iface = || ("interface", self.iface.clone());
         family(
             &mut e,
-            "tlsgate_xdp_attached",
+            "xdp_attached",
             "1 when XDP SynGate is attached to the interface",
             MetricType::Gauge,
             &[(vec![iface()], u64::from(s.is_some()))],
@@ -91,21 +92,19 @@ impl Collector for XdpCollector {
                 .collect()
         };
         let counters: [(&str, &str, Pick<'_>); 4] = [
+            ("xdp_syns", "SYNs to a protected port seen by XDP", &|p| {
+                p.counters.syn_seen
+            }),
             (
-                "tlsgate_xdp_syns",
-                "SYNs to a protected port seen by XDP",
-                &|p| p.counters.syn_seen,
-            ),
-            (
-                "tlsgate_xdp_cookies",
+                "xdp_cookies",
                 "SYNs answered from XDP with a SYN cookie",
                 &|p| p.counters.cookies,
             ),
-            ("tlsgate_xdp_passed", "SYNs passed to the kernel", &|p| {
+            ("xdp_passed", "SYNs passed to the kernel", &|p| {
                 p.counters.passed
             }),
             (
-                "tlsgate_xdp_probes",
+                "xdp_probes",
                 "auto mode: peacetime probes offered to the cookie helper",
                 &|p| p.counters.sampled,
             ),
@@ -131,14 +130,14 @@ impl Collector for XdpCollector {
         }
         family(
             &mut e,
-            "tlsgate_xdp_failures",
+            "xdp_failures",
             "SYNs XDP could not answer (passed to the kernel), by reason",
             MetricType::Counter,
             &failures,
         )?;
         family(
             &mut e,
-            "tlsgate_xdp_flood",
+            "xdp_flood",
             "1 while the port is in flood mode",
             MetricType::Gauge,
             &rows(&|p| u64::from(p.state.flood)),
@@ -161,7 +160,7 @@ impl Collector for XdpCollector {
         }
         family(
             &mut e,
-            "tlsgate_xdp_flood_transitions",
+            "xdp_flood_transitions",
             "Flood mode entered (to=flood) and left (to=peace)",
             MetricType::Counter,
             &transitions,
@@ -173,7 +172,7 @@ impl Collector for XdpCollector {
             .collect();
         family(
             &mut e,
-            "tlsgate_xdp_top_source_syns",
+            "xdp_top_source_syns",
             "Sampled SYNs answered in flood mode from the busiest sources (/32, /64)",
             MetricType::Gauge,
             &top,
@@ -188,14 +187,11 @@ mod tests {
 
     #[test]
     fn unprotected_exports_attached_zero() {
-        let mut r = Registry::default();
+        let mut r = Registry::with_prefix("tlsgate");
         r.register_collector(Box::new(XdpCollector::new("/nonexistent", "eth9", false)));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).expect("encodes");
-        assert!(
-            out.contains(r#"tlsgate_xdp_attached{interface="eth9"} 0"#),
-            "{out}"
-        );
-        assert!(!out.contains("tlsgate_xdp_syns"), "{out}");
+        assert!(out.contains(r#"xdp_attached{interface="eth9"} 0"#), "{out}");
+        assert!(!out.contains("xdp_syns"), "{out}");
     }
 }
