@@ -209,10 +209,18 @@ struct Tlsgate {
 }
 
 impl Tlsgate {
-    /// `server` goes into the `[server]` table.
+    /// Starts tlsgate and waits until it listens; `server` goes into the
+    /// `[server]` table.
     fn start(lab: &Lab, fx: &Fixture, server: &str) -> Tlsgate {
+        let t = Tlsgate::spawn(lab, fx, server, "");
+        t.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+        t
+    }
+
+    /// Starts tlsgate; `tail` goes at the end of the file (an `[xdp]` table).
+    fn spawn(lab: &Lab, fx: &Fixture, server: &str, tail: &str) -> Tlsgate {
         let config = format!(
-            "[server]\nworkers = 1\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [\"{SRV4}:8443\", \"[{SRV6}]:8443\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n",
+            "[server]\nworkers = 1\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [\"{SRV4}:8443\", \"[{SRV6}]:8443\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
             root = fx.root,
             cert = fx.cert.cert,
             key = fx.cert.key,
@@ -226,9 +234,26 @@ impl Tlsgate {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let t = Tlsgate { child, log };
-        t.wait_log(&format!("listening on https://[{SRV6}]:8443"));
-        t
+        Tlsgate { child, log }
+    }
+
+    fn signal(&self, name: &str) {
+        sh(&["kill", &format!("-{name}"), &self.child.id().to_string()]);
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tlsgate did not exit:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn log(&self) -> String {
@@ -603,4 +628,131 @@ fn auto_mode_takes_over_during_a_syn_flood_and_hands_back() {
     ok(&mut lab.tlsgate(&["xdp", "detach", "--iface", &lab.srv_if]));
     assert!(!lab.xdp_on_srv_if());
     drop(server);
+}
+
+fn metrics(lab: &Lab) -> String {
+    ok(&mut lab.in_srv(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "http://127.0.0.1:9090/metrics",
+    ]))
+}
+
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `tlsgate serve` with `[xdp]`: attached at start with the sysctls set,
+/// connections through cookies, counters in /metrics, everything undone at
+/// SIGTERM; after a SIGKILL the program is gone with the process and the
+/// next start cleans up the pins and sysctls left behind; a start that
+/// cannot attach stops with exit 2 naming the sysctl, or with `optional`
+/// serves unprotected and says so.
+#[test]
+fn serve_attaches_from_config_and_cleans_up_after_exit_and_crash() {
+    let lab = Lab::new("c");
+    let fx = Fixture::new();
+    let before = (
+        lab.sysctl("net.ipv4.tcp_syncookies"),
+        lab.sysctl("net.ipv4.tcp_timestamps"),
+    );
+    let xdp = format!(
+        "[xdp]\ninterface = \"{}\"\nmode = \"always\"\nmanage_sysctls = true\n",
+        lab.srv_if
+    );
+    let pins = PathBuf::from(tlsgate_xdp::PIN_ROOT).join(&lab.srv_if);
+
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp);
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    assert!(lab.xdp_on_srv_if());
+    assert_eq!(lab.sysctl("net.ipv4.tcp_syncookies"), "2");
+    for url in [
+        format!("https://{SRV4}:8443/big.bin"),
+        format!("https://[{SRV6}]:8443/big.bin"),
+    ] {
+        let args = curl_args(&url, &[]);
+        let out = run(&mut lab.in_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+        assert!(out.status.success() && out.stdout == fx.big, "{url}");
+    }
+    let m = metrics(&lab);
+    let label = format!("{{interface=\"{}\",port=\"8443\"}}", lab.srv_if);
+    let cookies = metric(&m, &format!("tlsgate_xdp_cookies_total{label}"));
+    assert!(cookies.is_some_and(|c| c >= 2.0), "{m}");
+    assert_eq!(
+        metric(
+            &m,
+            &format!("tlsgate_xdp_attached{{interface=\"{}\"}}", lab.srv_if)
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(counters(&lab.stats()).3, 0);
+
+    s.signal("TERM");
+    assert!(s.wait_exit().success(), "{}", s.log());
+    assert!(s.log().contains("XDP SynGate detached"), "{}", s.log());
+    assert!(!lab.xdp_on_srv_if(), "program left after SIGTERM");
+    assert!(!pins.exists(), "pins left after SIGTERM");
+    assert_eq!(
+        (
+            lab.sysctl("net.ipv4.tcp_syncookies"),
+            lab.sysctl("net.ipv4.tcp_timestamps")
+        ),
+        before
+    );
+    drop(s);
+
+    // A crash: the program goes with the process, the pins and sysctls
+    // stay until the next start cleans them up.
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp);
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    s.signal("KILL");
+    s.wait_exit();
+    drop(s);
+    assert!(!lab.xdp_on_srv_if(), "program left after SIGKILL");
+    assert!(pins.exists());
+    assert_eq!(lab.sysctl("net.ipv4.tcp_syncookies"), "2");
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp);
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    assert!(
+        s.log().contains("removed what a previous tlsgate left"),
+        "{}",
+        s.log()
+    );
+    fetch_hello(&lab);
+    s.signal("TERM");
+    assert!(s.wait_exit().success());
+    drop(s);
+    assert!(!lab.xdp_on_srv_if() && !pins.exists());
+    assert_eq!(lab.sysctl("net.ipv4.tcp_syncookies"), before.0);
+
+    // Cannot attach (always needs tcp_syncookies=2, not managed): exit 2
+    // naming the sysctl ...
+    let strict = format!("[xdp]\ninterface = \"{}\"\nmode = \"always\"\n", lab.srv_if);
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &strict);
+    let status = s.wait_exit();
+    assert_eq!(status.code(), Some(2), "{}", s.log());
+    assert!(s.log().contains("net.ipv4.tcp_syncookies"), "{}", s.log());
+    drop(s);
+    // ... or, optional, serve unprotected and say so.
+    let optional = format!("{strict}optional = true\n");
+    let s = Tlsgate::spawn(&lab, &fx, "", &optional);
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    assert!(s.log().contains("SERVING UNPROTECTED"), "{}", s.log());
+    assert!(!lab.xdp_on_srv_if());
+    fetch_hello(&lab);
+    let m = metrics(&lab);
+    assert_eq!(
+        metric(
+            &m,
+            &format!("tlsgate_xdp_attached{{interface=\"{}\"}}", lab.srv_if)
+        ),
+        Some(0.0),
+        "{m}"
+    );
 }
