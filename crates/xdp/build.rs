@@ -5,7 +5,7 @@
 //! headers (Debian: clang, linux-libc-dev, libbpf-dev; `./dev setup`
 //! installs them). `TLSGATE_CLANG` overrides the compiler.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn main() {
@@ -22,14 +22,25 @@ fn main() {
         "/usr/include/{}-linux-gnu",
         std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into())
     );
-    let obj = out.join("syngate.bpf.o");
-    let status = Command::new(&clang)
+    compile(&clang, &multiarch, &src, &out.join("syngate.bpf.o"));
+    // A program the verifier refuses, for the loader's tests.
+    println!("cargo:rerun-if-changed=bpf/testdata/refused.bpf.c");
+    compile(
+        &clang,
+        &multiarch,
+        &manifest.join("bpf/testdata/refused.bpf.c"),
+        &out.join("refused.bpf.o"),
+    );
+}
+
+fn compile(clang: &str, multiarch: &str, src: &Path, obj: &Path) {
+    let status = Command::new(clang)
         .args(["-O2", "-g", "-Wall", "-Werror", "-target", "bpf"])
         .arg(format!("-I{multiarch}"))
         .arg("-c")
-        .arg(&src)
+        .arg(src)
         .arg("-o")
-        .arg(&obj)
+        .arg(obj)
         .status();
     match status {
         Ok(s) if s.success() => {}

@@ -19,6 +19,12 @@
  * Everything that is not a SYN to a protected port, and every SYN that
  * cannot be answered here (IPv4 options, IPv6 extension headers, no
  * listener, helper errors), passes to the kernel untouched.
+ *
+ * Not checked here: the SYN's checksum (a corrupt SYN gets a SYN-ACK; its
+ * ACK, if any, meets the kernel's checks) and whether the destination is a
+ * local address: a listener bound to a wildcard address matches any, so a
+ * host that also forwards traffic for a protected port to other hosts must
+ * bind its listeners to its own addresses.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -256,6 +262,7 @@ enum answer {
 	ANSWERED,    /* XDP_TX */
 	NO_PRESSURE, /* helper: -ENOENT (syncookies=1 and the queue is not full) */
 	NO_LISTENER,
+	CONNECTED,   /* the lookup found a connection, not a listener */
 	FAILED,
 };
 
@@ -340,8 +347,10 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 	if (!sk)
 		return NO_LISTENER;
 	if (sk->state != BPF_TCP_LISTEN) {
+		/* A SYN for an existing connection (TIME_WAIT reuse, a request
+		 * in progress): the kernel knows what to do with it. */
 		bpf_sk_release(sk);
-		return NO_LISTENER;
+		return CONNECTED;
 	}
 
 	__builtin_memset(&tc, 0, sizeof(tc));
@@ -616,6 +625,7 @@ int syngate(struct xdp_md *ctx)
 		}
 		return XDP_TX;
 	case NO_PRESSURE:
+	case CONNECTED:
 		break;
 	case NO_LISTENER:
 		cnt->no_listener++;

@@ -293,9 +293,7 @@ pub fn attach_with(
         saved_timestamps: saved(TIMESTAMPS),
     };
 
-    let mut ebpf = EbpfLoader::new()
-        .load(OBJECT)
-        .map_err(|e| Error::bpf("load the BPF object", chain(&e)))?;
+    let mut ebpf = load_object(OBJECT)?;
     {
         let mut cfg: Array<&mut MapData, [u8; CONFIG_SIZE]> = map_mut(&mut ebpf, "config")?;
         cfg.set(0, config.encode(), 0)
@@ -310,12 +308,6 @@ pub fn attach_with(
                 .map_err(|e| Error::bpf("write the ports map", chain(&e)))?;
         }
     }
-    let prog: &mut Xdp = ebpf
-        .program_mut("syngate")
-        .ok_or_else(|| Error::bpf("find program syngate", "not in the object"))?
-        .try_into()
-        .map_err(|e: ProgramError| Error::bpf("program syngate", chain(&e)))?;
-    prog.load().map_err(load_error)?;
 
     std::fs::create_dir_all(&dir).map_err(|e| Error::bpf(format!("mkdir {}", dir.display()), e))?;
     let result = (|| -> Result<Option<FdLink>, Error> {
@@ -326,11 +318,7 @@ pub fn attach_with(
             map.pin(dir.join(name))
                 .map_err(|e| Error::bpf(format!("pin map {name}"), chain(&e)))?;
         }
-        let prog: &mut Xdp = ebpf
-            .program_mut("syngate")
-            .ok_or_else(|| Error::bpf("find program syngate", "not in the object"))?
-            .try_into()
-            .map_err(|e: ProgramError| Error::bpf("program syngate", chain(&e)))?;
+        let prog = syngate(&mut ebpf)?;
         let flags = if o.generic {
             XdpFlags::SKB_MODE
         } else {
@@ -367,6 +355,24 @@ pub fn attach_with(
         },
         link,
     ))
+}
+
+/// The `syngate` program of a loaded object.
+fn syngate(ebpf: &mut aya::Ebpf) -> Result<&mut Xdp, Error> {
+    ebpf.program_mut("syngate")
+        .ok_or_else(|| Error::bpf("find program syngate", "not in the object"))?
+        .try_into()
+        .map_err(|e: ProgramError| Error::bpf("program syngate", chain(&e)))
+}
+
+/// Creates the maps of `object` and loads its `syngate` program into the
+/// kernel (not attached yet); a refusal carries the verifier's log.
+fn load_object(object: &[u8]) -> Result<aya::Ebpf, Error> {
+    let mut ebpf = EbpfLoader::new()
+        .load(object)
+        .map_err(|e| Error::bpf("load the BPF object", chain(&e)))?;
+    syngate(&mut ebpf)?.load().map_err(load_error)?;
+    Ok(ebpf)
 }
 
 fn map_mut<'a, V: aya::Pod>(
@@ -473,6 +479,18 @@ mod tests {
         assert!(validate_ports(&(1..=17).collect::<Vec<u16>>()).is_err());
         let s = validate_ports(&[443, 8443]).expect("fine");
         assert_eq!(&s[..3], &[443, 8443, 0]);
+    }
+
+    /// Needs root (CI runs as root): loading BPF programs needs CAP_BPF.
+    #[test]
+    fn the_program_passes_the_verifier_and_a_refusal_shows_its_log() {
+        load_object(OBJECT).expect("the kernel loads syngate (needs root)");
+        static REFUSED: &[u8] =
+            aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/refused.bpf.o"));
+        let e = load_object(REFUSED).expect_err("the verifier refuses it");
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Verifier { .. }), "{msg}");
+        assert!(msg.contains("invalid access to packet"), "{msg}");
     }
 
     #[test]
