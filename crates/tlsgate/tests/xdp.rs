@@ -220,7 +220,7 @@ impl Tlsgate {
     /// Starts tlsgate; `tail` goes at the end of the file (an `[xdp]` table).
     fn spawn(lab: &Lab, fx: &Fixture, server: &str, tail: &str) -> Tlsgate {
         let config = format!(
-            "[server]\nworkers = 1\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [\"{SRV4}:8443\", \"[{SRV6}]:8443\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
+            "[server]\nworkers = 2\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [\"{SRV4}:8443\", \"[{SRV6}]:8443\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
             root = fx.root,
             cert = fx.cert.cert,
             key = fx.cert.key,
