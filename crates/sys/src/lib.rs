@@ -5,7 +5,8 @@
 //!
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
-//! (today only [`resident`]'s `mmap`/`mlock`); everything else goes through
+//! ([`resident`]'s `mmap`/`mlock`, [`packet`]'s `AF_PACKET` socket for the
+//! SYN flood generator); everything else goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
 
@@ -15,6 +16,7 @@ use std::net::{SocketAddr, TcpListener};
 use socket2::{Domain, Protocol, Socket, Type};
 
 pub mod ipc;
+pub mod packet;
 pub mod privileges;
 pub mod resident;
 
