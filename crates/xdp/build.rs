@@ -23,6 +23,14 @@ fn main() {
         std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_else(|_| "x86_64".into())
     );
     compile(&clang, &multiarch, &src, &out.join("syngate.bpf.o"));
+    // The bench's sink for the client end of its veth pair.
+    println!("cargo:rerun-if-changed=bpf/sink.bpf.c");
+    compile(
+        &clang,
+        &multiarch,
+        &manifest.join("bpf/sink.bpf.c"),
+        &out.join("sink.bpf.o"),
+    );
     // A program the verifier refuses, for the loader's tests.
     println!("cargo:rerun-if-changed=bpf/testdata/refused.bpf.c");
     compile(

@@ -116,14 +116,22 @@ pub struct FloodCell {
     pub napi_cpu_secs: f64,
     /// Busy share of the client core (the generators').
     pub client_core_busy: f64,
+    /// Frames the client end of the veth pair dropped on the way to the
+    /// server end over the whole cell (its receive ring was full): flood and
+    /// legitimate frames alike.
+    pub veth_dropped: u64,
     /// SYNs answered from XDP in the window (xdp mode).
     pub xdp_cookies: u64,
     /// Busy share of the server core with the flood alone (no legitimate
     /// load), measured right after the window.
     pub flood_only_busy: f64,
-    /// Server CPU per flood SYN, µs: the server core's busy time with the
-    /// flood alone, above the same mode's no-flood cell, divided by the
-    /// SYNs sent meanwhile.
+    /// CPU seconds per second of the server's packet work with the flood
+    /// alone: its NAPI thread, tlsgate's threads and the server core's
+    /// softirq time (timers: SYN-ACK retransmissions). Unlike the core's
+    /// busy share, not inflated by other work on a shared machine.
+    pub flood_only_server_cpu: f64,
+    /// Server CPU per flood SYN, µs: `flood_only_server_cpu` above the same
+    /// mode's no-flood cell, divided by the flood rate.
     pub cpu_per_syn_us: Option<f64>,
 }
 
@@ -275,6 +283,16 @@ impl Drop for Lab {
     }
 }
 
+/// TX drops of an interface in a namespace (`ip -s`): on veth, frames the
+/// peer's full receive ring refused.
+fn tx_dropped(ns: &str, ifname: &str) -> u64 {
+    sh(&["ip", "-n", ns, "-j", "-s", "link", "show", "dev", ifname])
+        .ok()
+        .and_then(|out| serde_json::from_str::<serde_json::Value>(&out).ok())
+        .and_then(|v| v[0]["stats64"]["tx"]["dropped"].as_u64())
+        .unwrap_or(0)
+}
+
 /// The NAPI kernel threads of an interface (`napi/IF-ID`).
 fn napi_threads(ifname: &str) -> Vec<u32> {
     let prefix = format!("napi/{ifname}-");
@@ -300,6 +318,25 @@ fn cpu_secs(pid: u32) -> f64 {
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     // utime and stime are fields 14 and 15; `rest` starts at field 3.
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Softirq time of one core so far, seconds (/proc/stat, USER_HZ = 100).
+fn softirq_secs(core: usize) -> f64 {
+    let name = format!("cpu{core}");
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|stat| {
+            stat.lines()
+                .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+                .and_then(|l| l.split_whitespace().nth(7)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |t| t / 100.0)
+}
+
+/// The server's packet work so far, CPU seconds: NAPI threads, tlsgate,
+/// the server core's softirqs.
+fn server_cpu_secs(napi: &[u32], tlsgate: u32, core: usize) -> f64 {
+    napi.iter().map(|p| cpu_secs(*p)).sum::<f64>() + cpu_secs(tlsgate) + softirq_secs(core)
 }
 
 /// Samples the server side at the window's edges.
@@ -395,7 +432,8 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
     let materials = Materials::create()?;
     let path = materials.file(1 << 10)?;
     let lab = Lab::new(o)?;
-    let _server = start_server(&lab, o, &materials)?;
+    let server = start_server(&lab, o, &materials)?;
+    let server_pid = server.child.id();
     let src_mac = lab.mac(&lab.cli, &lab.cli_if)?;
     let dst_mac = lab.mac(&lab.srv, &lab.srv_if)?;
     // From here on this thread, and every thread it starts, is in the
@@ -440,11 +478,13 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
                     )));
                 }
             }
-            let mut idle_busy = None;
+            let mut idle_cpu = None;
             for rate in &o.rates {
-                let cell = run_cell(o, &lab, mode, *rate, src_mac, dst_mac, &path, idle_busy)?;
+                let cell = run_cell(
+                    o, &lab, mode, *rate, src_mac, dst_mac, &path, server_pid, idle_cpu,
+                )?;
                 if *rate == Some(0) {
-                    idle_busy = Some(cell.flood_only_busy);
+                    idle_cpu = Some(cell.flood_only_server_cpu);
                 }
                 eprintln!(
                     "synflood {mode:>6} {:>8}: {:>9.0} SYN/s, {:>7.0} handshakes/s, server core {:>5.1} %",
@@ -474,9 +514,11 @@ fn run_cell(
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     path: &str,
-    idle_busy: Option<f64>,
+    server_pid: u32,
+    idle_cpu: Option<f64>,
 ) -> Result<FloodCell, BenchError> {
     let stop = Arc::new(AtomicBool::new(false));
+    let dropped_before = tx_dropped(&lab.cli, &lab.cli_if);
     let flood_only = o.window.measure.min(Duration::from_secs(2));
     let total = o.window.warmup + o.window.measure + flood_only + Duration::from_secs(1);
     let flood = match rate {
@@ -529,7 +571,12 @@ fn run_cell(
     let report = run_handshakes(&job, &sampler);
     // The flood alone, for the server's CPU per SYN.
     let quiet_start = CoreTicks::now(o.server_core).unwrap_or_default();
+    let cpu_start = server_cpu_secs(&sampler.napi, server_pid, o.server_core);
+    let t0 = Instant::now();
     std::thread::sleep(flood_only);
+    let flood_only_server_cpu =
+        (server_cpu_secs(&sampler.napi, server_pid, o.server_core) - cpu_start).max(0.0)
+            / t0.elapsed().as_secs_f64();
     let flood_only_busy = CoreTicks::now(o.server_core)
         .unwrap_or_default()
         .busy_since(&quiet_start);
@@ -542,19 +589,23 @@ fn run_cell(
         ),
         None => None,
     };
-    let report = report.map_err(|e| BenchError::Load {
-        target: "tlsgate".into(),
-        case: format!("synflood {mode}"),
-        source: Box::new(e),
-    })?;
-    let at = sampler.at.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let (Some(a), Some(b)) = (at.first(), at.last()) else {
-        return Err(BenchError::Other("the window was not sampled".into()));
+    // A cell where no handshake succeeded is a result (the flood won),
+    // not a failed bench.
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => tlsgate_loadgen::Report {
+            first_error: Some(e.to_string()),
+            errors: [("none completed".to_string(), 1)].into_iter().collect(),
+            ..Default::default()
+        },
     };
+    let at = sampler.at.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let zero = (CoreTicks::default(), CoreTicks::default(), 0.0);
+    let (a, b) = (at.first().unwrap_or(&zero), at.last().unwrap_or(&zero));
     let server_core_busy = b.0.busy_since(&a.0);
     let flood_rate = flood_report.map_or(0.0, |r| r.rate());
-    let cpu_per_syn_us = match (idle_busy, flood_rate > 0.0) {
-        (Some(idle), true) => Some((flood_only_busy - idle).max(0.0) / flood_rate * 1e6),
+    let cpu_per_syn_us = match (idle_cpu, flood_rate > 0.0) {
+        (Some(idle), true) => Some((flood_only_server_cpu - idle).max(0.0) / flood_rate * 1e6),
         _ => None,
     };
     Ok(FloodCell {
@@ -567,7 +618,9 @@ fn run_cell(
         server_core_busy,
         napi_cpu_secs: (b.2 - a.2).max(0.0),
         client_core_busy: b.1.busy_since(&a.1),
+        veth_dropped: tx_dropped(&lab.cli, &lab.cli_if).saturating_sub(dropped_before),
         flood_only_busy,
+        flood_only_server_cpu,
         xdp_cookies: xdp_cookies(&lab.srv_if).saturating_sub(cookies_before),
         cpu_per_syn_us,
     })
@@ -576,12 +629,12 @@ fn run_cell(
 /// The cells as a Markdown table.
 pub fn markdown(cells: &[FloodCell]) -> String {
     let mut s = String::from(
-        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s | errors | server core busy | server NAPI thread (s) | client core busy | XDP cookies | server core, flood alone | server CPU per SYN (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s | errors | server core busy | server NAPI thread (s) | client core busy | veth drops | XDP cookies | server core, flood alone | server CPU, flood alone | server CPU per SYN (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for c in cells {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {:.1} % | {} |",
+            "| {} | {} | {:.0} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {} | {:.1} % | {:.1} % | {} |",
             c.mode,
             c.target_rate.map_or("max".into(), |r| r.to_string()),
             c.flood_rate,
@@ -590,8 +643,10 @@ pub fn markdown(cells: &[FloodCell]) -> String {
             c.server_core_busy * 100.0,
             c.napi_cpu_secs,
             c.client_core_busy * 100.0,
+            c.veth_dropped,
             c.xdp_cookies,
             c.flood_only_busy * 100.0,
+            c.flood_only_server_cpu * 100.0,
             c.cpu_per_syn_us.map_or("–".into(), |v| format!("{v:.2}")),
         );
     }

@@ -31,6 +31,12 @@ pub use stats::{stats, Stats};
 /// a veth pair in tests, `xdp_pass`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/syngate.bpf.o"));
 
+/// `tlsgate bench synflood`'s program for the client end of its veth
+/// pair (`bench_sink`): drops what goes to the bench's spoofed ranges,
+/// 10.254.2.0/24 and fd00:254:2::/64, passes the rest.
+pub static SINK_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
+
 /// Where SynGate pins its link and maps, one directory per interface.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/tlsgate";
 
