@@ -368,9 +368,13 @@ fn syngate(ebpf: &mut aya::Ebpf) -> Result<&mut Xdp, Error> {
 /// Creates the maps of `object` and loads its `syngate` program into the
 /// kernel (not attached yet); a refusal carries the verifier's log.
 fn load_object(object: &[u8]) -> Result<aya::Ebpf, Error> {
-    let mut ebpf = EbpfLoader::new()
-        .load(object)
-        .map_err(|e| Error::bpf("load the BPF object", chain(&e)))?;
+    let mut ebpf = EbpfLoader::new().load(object).map_err(|e| {
+        let mut detail = chain(&e);
+        if detail.contains("Operation not permitted") {
+            detail.push_str(" (loading BPF needs root: CAP_BPF and CAP_NET_ADMIN)");
+        }
+        Error::bpf("load the BPF object", detail)
+    })?;
     syngate(&mut ebpf)?.load().map_err(load_error)?;
     Ok(ebpf)
 }
