@@ -183,10 +183,7 @@ impl Lab {
         ])?;
         sh(&["ip", "link", "set", &lab.srv_if, "netns", s])?;
         sh(&["ip", "link", "set", &lab.cli_if, "netns", c])?;
-        for (ns, ifname, addr, core) in [
-            (s, &lab.srv_if, SRV4, o.server_core),
-            (c, &lab.cli_if, CLI4, o.client_core),
-        ] {
+        for (ns, ifname, addr) in [(s, &lab.srv_if, SRV4), (c, &lab.cli_if, CLI4)] {
             sh(&[
                 "ip",
                 "-n",
@@ -212,10 +209,8 @@ impl Lab {
                 "-c",
                 &format!("echo 1 > /sys/class/net/{ifname}/threaded"),
             ])?;
-            for pid in napi_threads(ifname) {
-                sh(&["taskset", "-pc", &core.to_string(), &pid.to_string()])?;
-            }
         }
+        lab.pin_napi(o)?;
         sh(&["ip", "-n", s, "route", "add", "10.254.2.0/24", "via", CLI4])?;
         // The client end needs an XDP program for XDP_TX frames to arrive.
         let obj = std::env::temp_dir().join(format!("tlsgate-bench-{id}.bpf.o"));
@@ -245,6 +240,17 @@ impl Lab {
             )));
         }
         Ok(lab)
+    }
+
+    /// Pins the NAPI threads of both ends (again: attaching XDP may make
+    /// new ones).
+    fn pin_napi(&self, o: &SynfloodOptions) -> Result<(), BenchError> {
+        for (ifname, core) in [(&self.srv_if, o.server_core), (&self.cli_if, o.client_core)] {
+            for pid in napi_threads(ifname) {
+                sh(&["taskset", "-pc", &core.to_string(), &pid.to_string()])?;
+            }
+        }
+        Ok(())
     }
 
     fn mac(&self, ns: &str, ifname: &str) -> Result<[u8; 6], BenchError> {
@@ -478,6 +484,9 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
                     )));
                 }
             }
+            // Let the previous mode's half-open connections and queues
+            // settle before the no-flood cell.
+            std::thread::sleep(Duration::from_secs(2));
             let mut idle_cpu = None;
             for rate in &o.rates {
                 let cell = run_cell(
@@ -517,6 +526,7 @@ fn run_cell(
     server_pid: u32,
     idle_cpu: Option<f64>,
 ) -> Result<FloodCell, BenchError> {
+    lab.pin_napi(o)?;
     let stop = Arc::new(AtomicBool::new(false));
     let dropped_before = tx_dropped(&lab.cli, &lab.cli_if);
     let flood_only = o.window.measure.min(Duration::from_secs(2));
@@ -651,4 +661,70 @@ pub fn markdown(cells: &[FloodCell]) -> String {
         );
     }
     s
+}
+
+/// Legitimate handshakes/s against the flood rate reached, one line per
+/// mode (the talk's graph), as SVG.
+pub fn plot(cells: &[FloodCell], path: &Path) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let fail = |e: String| BenchError::Other(format!("plotting {}: {e}", path.display()));
+    let max_x = cells
+        .iter()
+        .map(|c| c.flood_rate / 1000.0)
+        .fold(1.0, f64::max);
+    let max_y = cells
+        .iter()
+        .map(|c| c.handshakes_per_sec)
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (1000, 520)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Legitimate TLS handshakes under a spoofed SYN flood",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y * 1.15)
+        .map_err(|e| fail(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("flood, thousand SYN/s")
+        .y_desc("handshakes/s")
+        .draw()
+        .map_err(|e| fail(e.to_string()))?;
+    for (mode, color, label) in [
+        ("kernel", RGBColor(0xd6, 0x27, 0x28), "kernel alone"),
+        ("xdp", RGBColor(0x1f, 0x77, 0xb4), "XDP SynGate"),
+    ] {
+        let mut points: Vec<(f64, f64)> = cells
+            .iter()
+            .filter(|c| c.mode == mode)
+            .map(|c| (c.flood_rate / 1000.0, c.handshakes_per_sec))
+            .collect();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| fail(e.to_string()))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 12, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| fail(e.to_string()))?;
+    root.present().map_err(|e| fail(e.to_string()))
 }

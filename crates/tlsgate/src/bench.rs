@@ -147,7 +147,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
 /// `tlsgate bench synflood`: the table on stdout, synflood.json and
 /// synflood.md in the output directory.
 fn synflood(args: &BenchArgs) -> ExitCode {
-    use tlsgate_bench::synflood::{markdown, run, SynfloodOptions};
+    use tlsgate_bench::synflood::{markdown, plot, run, SynfloodOptions};
     let bin = match std::env::current_exe() {
         Ok(b) => b,
         Err(e) => {
@@ -197,8 +197,14 @@ fn synflood(args: &BenchArgs) -> ExitCode {
         eprintln!("tlsgate: error: {}: {e}", out.display());
         return ExitCode::from(1);
     }
+    let svg = out.join("synflood.svg");
+    if let Err(e) = plot(&cells, &svg) {
+        eprintln!("tlsgate: error: {e}");
+        return ExitCode::from(1);
+    }
     println!("{table}");
     println!("results: {}", out.join("synflood.json").display());
+    println!("plot:    {}", svg.display());
     let failed: Vec<_> = cells
         .iter()
         .filter(|c| c.handshakes_per_sec <= 0.0)

@@ -925,6 +925,8 @@ fn bench_synflood_quick_reports_every_cell() {
         out.path().to_str().unwrap(),
     ]));
     eprintln!("{report}");
+    let svg = std::fs::read_to_string(out.path().join("synflood.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("XDP SynGate"), "{svg}");
     let text = std::fs::read_to_string(out.path().join("synflood.json")).unwrap();
     let cells: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     assert_eq!(cells.len(), 4, "{text}");
