@@ -15,6 +15,7 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod speed;
+pub mod synflood;
 pub mod targets;
 
 pub use error::BenchError;

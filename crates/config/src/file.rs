@@ -24,6 +24,8 @@ pub struct ConfigFile {
     /// HTTPS listeners; `[[listener]]` tables.
     #[serde(rename = "listener")]
     pub listeners: Vec<ListenerSection>,
+    /// SYN cookies answered from XDP (SynGate); off without the table.
+    pub xdp: Option<XdpSection>,
 }
 
 /// `[server]`
@@ -276,4 +278,50 @@ pub struct CertificateSection {
     pub client_auth: Option<String>,
     /// CA bundle for this entry's client certificates; default: the listener's.
     pub client_ca: Option<PathBuf>,
+}
+
+/// `[xdp]`: SYN cookies answered from XDP for the TLS listeners' ports
+/// (SynGate; the crate tlsgate-xdp does the work).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct XdpSection {
+    /// The interface the program attaches to (required).
+    pub interface: String,
+    /// "auto" (flood mode only under pressure), "always" or "off".
+    pub mode: String,
+    /// Protected ports; empty: the ports of every `[[listener]]`.
+    pub ports: Vec<u16>,
+    /// auto: peacetime probe interval.
+    #[serde(with = "humantime_serde")]
+    pub t1: Duration,
+    /// auto: flood mode ends after this long without a cookie.
+    #[serde(with = "humantime_serde")]
+    pub t2: Duration,
+    /// One in this many SYNs answered in flood mode counts toward the top
+    /// sources (a power of two).
+    pub top_sample: u32,
+    /// Serve unprotected (logged loudly) when the program cannot attach,
+    /// instead of refusing to start.
+    pub optional: bool,
+    /// Set the sysctls the mode needs at start and restore them at exit,
+    /// instead of refusing to start when they differ.
+    pub manage_sysctls: bool,
+    /// Generic (skb) XDP instead of the driver's native mode.
+    pub generic: bool,
+}
+
+impl Default for XdpSection {
+    fn default() -> Self {
+        Self {
+            interface: String::new(),
+            mode: "auto".into(),
+            ports: Vec::new(),
+            t1: Duration::from_secs(1),
+            t2: Duration::from_secs(10),
+            top_sample: 16,
+            optional: false,
+            manage_sysctls: false,
+            generic: false,
+        }
+    }
 }

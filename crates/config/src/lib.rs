@@ -12,6 +12,9 @@
 pub mod file;
 mod handshake;
 mod validate;
+mod xdp;
+
+pub use xdp::{Xdp, XdpMode};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -85,6 +88,8 @@ pub struct Config {
     pub access_log: AccessLog,
     /// HTTPS listeners (at least one).
     pub listeners: Vec<Listener>,
+    /// XDP SynGate, when `[xdp]` is present.
+    pub xdp: Option<Xdp>,
 }
 
 /// Whom the network-facing process runs as once its sockets are bound.

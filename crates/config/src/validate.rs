@@ -301,6 +301,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         listeners.push(listener);
     }
 
+    let xdp = crate::xdp::validate(&c, f.xdp.as_ref(), &listeners)?;
     Ok(Config {
         origin: origin.to_string(),
         workers,
@@ -317,6 +318,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         tls,
         access_log,
         listeners,
+        xdp,
     })
 }
 

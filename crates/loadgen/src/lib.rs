@@ -22,6 +22,7 @@ mod http;
 mod profile;
 mod stats;
 mod stream;
+pub mod synflood;
 mod transfer;
 mod verify;
 mod wire;

@@ -10,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+pub use prometheus_client::collector::Collector;
+
 /// The metric types, for code that keeps clones of single metrics.
 pub mod types {
     pub use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
@@ -354,6 +356,12 @@ impl Metrics {
             _ => "5xx",
         };
         self.requests.get_or_create(&StatusLabel { class }).inc();
+    }
+
+    /// Adds metrics read at every scrape by `collector` (XDP SynGate's
+    /// counters live in BPF maps, not here).
+    pub fn register_collector(&mut self, collector: Box<dyn Collector>) {
+        self.registry.register_collector(collector);
     }
 
     /// The Prometheus text exposition of every metric.

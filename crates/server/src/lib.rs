@@ -18,6 +18,7 @@ mod privileges;
 mod tickets;
 mod transport;
 mod worker;
+mod xdp;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -67,6 +68,14 @@ pub enum StartError {
     /// `server.user` / `server.group` could not be applied.
     #[error("cannot drop privileges: {0}")]
     Privileges(String),
+    /// XDP SynGate (`[xdp]`, not optional) could not be attached.
+    #[error("{origin}: [xdp]: {message}")]
+    Xdp {
+        /// Config origin.
+        origin: String,
+        /// What failed (the verifier's log included).
+        message: String,
+    },
 }
 
 /// State shared by the main thread and every worker.
@@ -156,7 +165,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     // it keeps them (and can be restarted) after we drop ours.
     let keys = Keys::start(&config, &launch)?;
     let certs = keys.certificates(&config, &[])?;
-    let metrics = Metrics::new();
+    let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics);
     let gen = generation::build(config, certs, &tickets)?;
     keys.set_active(gen.key_ids.clone());
@@ -213,6 +222,9 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         }
         None => None,
     };
+    // Attaching XDP needs the privileges we are about to drop; the program
+    // goes when `gate` does (or with the process).
+    let gate = xdp::Gate::start(&gen.config, &mut metrics)?;
     // Probed with our privileges: the kernel loads the `tls` module on
     // first use only for CAP_NET_ADMIN.
     let ktls = probe_ktls(&metrics);
@@ -272,6 +284,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         let _ = t.join();
     }
     shared.access_log.flush();
+    drop(gate);
     tracing::info!("stopped");
     Ok(())
 }
@@ -304,6 +317,9 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
             }
             if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
                 tracing::warn!("server.workers and admin.listen take effect at the next restart");
+            }
+            if new.config.xdp != old.config.xdp {
+                tracing::warn!("[xdp] changes take effect at the next restart");
             }
             if new.config.keys != old.config.keys || new.config.privileges != old.config.privileges
             {

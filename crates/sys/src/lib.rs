@@ -6,7 +6,8 @@
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
 //! ([`resident`]'s `mmap`/`mlock`, [`ktls`]'s socket options and
-//! control messages); everything else goes through
+//! control messages, [`packet`]'s `AF_PACKET` socket for the SYN flood
+//! generator); everything else goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
 
@@ -17,6 +18,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 pub mod ipc;
 pub mod ktls;
+pub mod packet;
 pub mod privileges;
 pub mod resident;
 

@@ -9,7 +9,9 @@ use tlsgate_bench::{plot, scenario, BenchOptions, Placement, Scenario, TargetKin
 /// Arguments of `tlsgate bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// handshake, transfer, stream, bound, crosscheck or all.
+    /// handshake, transfer, stream, bound, crosscheck or all; or synflood
+    /// (legitimate handshakes under a spoofed SYN flood, kernel alone and
+    /// with XDP SynGate; needs root, not part of all).
     scenario: String,
     /// A smoke run of seconds (CI): checks that every figure is sane, not fast.
     #[arg(long)]
@@ -49,6 +51,9 @@ pub struct BenchArgs {
 
 /// Runs the bench; exit 0 when every figure is sane, 1 otherwise, 2 on usage errors.
 pub fn run(args: BenchArgs) -> ExitCode {
+    if args.scenario == "synflood" {
+        return synflood(&args);
+    }
     let Some(scenarios) = Scenario::parse(&args.scenario) else {
         eprintln!(
             "tlsgate: error: unknown scenario {:?}: expected handshake, transfer, stream, bound, crosscheck or all",
@@ -165,6 +170,82 @@ pub fn run(args: BenchArgs) -> ExitCode {
         for i in insane {
             eprintln!("tlsgate: bench: not sane: {i}");
         }
+        ExitCode::from(1)
+    }
+}
+
+/// `tlsgate bench synflood`: the table on stdout, synflood.json and
+/// synflood.md in the output directory.
+fn synflood(args: &BenchArgs) -> ExitCode {
+    use tlsgate_bench::synflood::{markdown, plot, run, SynfloodOptions};
+    let bin = match std::env::current_exe() {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("tlsgate: error: cannot find my own binary: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut o = SynfloodOptions::new(bin, args.quick);
+    if let Some(m) = args.measure {
+        if m.is_nan() || m <= 0.0 {
+            eprintln!("tlsgate: error: --measure must be positive");
+            return ExitCode::from(2);
+        }
+        o.window.measure = Duration::from_secs_f64(m);
+    }
+    if let Some(c) = args.server_core {
+        o.server_core = c;
+    }
+    if let Some(c) = args.client_cores.first() {
+        o.client_core = *c;
+    }
+    let out = args.out.clone().unwrap_or_else(|| {
+        let stamp = time::OffsetDateTime::now_utc()
+            .format(time::macros::format_description!(
+                "[year][month][day]T[hour][minute][second]Z"
+            ))
+            .unwrap_or_else(|_| "latest".into());
+        PathBuf::from("bench-results").join(stamp)
+    });
+    let cells = match run(&o) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tlsgate: bench synflood failed: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let table = markdown(&cells);
+    let written = std::fs::create_dir_all(&out)
+        .and_then(|()| {
+            std::fs::write(
+                out.join("synflood.json"),
+                serde_json::to_string_pretty(&cells).unwrap_or_default(),
+            )
+        })
+        .and_then(|()| std::fs::write(out.join("synflood.md"), &table));
+    if let Err(e) = written {
+        eprintln!("tlsgate: error: {}: {e}", out.display());
+        return ExitCode::from(1);
+    }
+    let svg = out.join("synflood.svg");
+    if let Err(e) = plot(&cells, &svg) {
+        eprintln!("tlsgate: error: {e}");
+        return ExitCode::from(1);
+    }
+    println!("{table}");
+    println!("results: {}", out.join("synflood.json").display());
+    println!("plot:    {}", svg.display());
+    let failed: Vec<_> = cells
+        .iter()
+        .filter(|c| c.handshakes_per_sec <= 0.0)
+        .collect();
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "tlsgate: bench synflood: no handshake completed in {} cell(s)",
+            failed.len()
+        );
         ExitCode::from(1)
     }
 }

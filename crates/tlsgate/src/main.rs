@@ -13,6 +13,7 @@ use tlsgate_server::Launch;
 
 mod bench;
 mod cost;
+mod xdp;
 
 /// jemalloc for every allocation in the process, aws-lc's C ones too (it
 /// replaces `malloc` itself). Measured against glibc's (docs/bench.md):
@@ -72,6 +73,9 @@ enum Command {
     /// (`[tls] ticket_key_file`). Files are replaced atomically, mode 0600.
     #[command(subcommand)]
     TicketKeys(TicketKeysCommand),
+    /// XDP SynGate: SYN cookies answered at the driver (attach, detach, stats).
+    #[command(subcommand)]
+    Xdp(xdp::XdpCommand),
 }
 
 #[derive(Subcommand)]
@@ -198,6 +202,7 @@ fn main() -> ExitCode {
             );
         }),
         Command::TicketKeys(cmd) => return ticket_keys(cmd),
+        Command::Xdp(cmd) => return xdp::run(cmd),
         Command::KeySupervisor { parent, args } => {
             return internal(tlsgate_keyserver::server::supervise(
                 stdin_socket(),

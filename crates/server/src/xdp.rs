@@ -1,0 +1,104 @@
+//! `[xdp]`: XDP SynGate attached at start and detached at exit. The work
+//! is in tlsgate-xdp; this module decides what a failure means (stop, or
+//! serve unprotected when `xdp.optional`) and wires the counters into
+//! `/metrics`.
+
+use std::path::PathBuf;
+
+use tlsgate_config::{Config, XdpMode};
+use tlsgate_metrics::Metrics;
+use tlsgate_xdp::metrics::XdpCollector;
+use tlsgate_xdp::{AttachOptions, Held, Mode};
+
+use crate::StartError;
+
+/// SynGate held for the life of the server; dropping it detaches the
+/// program, removes its pins and restores the sysctls it set.
+pub(crate) struct Gate {
+    held: Option<Held>,
+}
+
+impl Gate {
+    /// Cleans up what a previous tlsgate left on the interface, then
+    /// attaches. Must run before privileges are dropped.
+    pub(crate) fn start(config: &Config, metrics: &mut Metrics) -> Result<Gate, StartError> {
+        let Some(x) = &config.xdp else {
+            return Ok(Gate { held: None });
+        };
+        let root = PathBuf::from(tlsgate_xdp::PIN_ROOT);
+        match tlsgate_xdp::cleanup_stale(&root, &x.interface) {
+            Ok(Some(d)) => tracing::warn!(
+                "XDP SynGate: removed what a previous tlsgate left on {} (sysctls restored: {:?})",
+                x.interface,
+                d.restored
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                "XDP SynGate: could not clean up what was left on {}: {e}",
+                x.interface
+            ),
+        }
+        let o = AttachOptions {
+            mode: match x.mode {
+                XdpMode::Off => Mode::Off,
+                XdpMode::Always => Mode::Always,
+                XdpMode::Auto => Mode::Auto,
+            },
+            t1: x.t1,
+            t2: x.t2,
+            top_sample_mask: x.top_sample.saturating_sub(1),
+            manage_sysctls: x.manage_sysctls,
+            generic: x.generic,
+            ..AttachOptions::new(x.interface.clone(), x.ports.clone())
+        };
+        match tlsgate_xdp::attach_held(&o) {
+            Ok(held) => {
+                for (name, old) in &held.attachment.changed {
+                    tracing::info!("XDP SynGate: set {name} (was {old}; restored at exit)");
+                }
+                tracing::info!(
+                    "XDP SynGate attached to {} (mode {}, ports {:?}, window scale {})",
+                    x.interface,
+                    o.mode,
+                    x.ports,
+                    held.attachment.wscale
+                );
+                metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, true)));
+                Ok(Gate { held: Some(held) })
+            }
+            Err(e) if x.optional => {
+                tracing::error!(
+                    "XDP SynGate could not attach to {}: {e}\nSERVING UNPROTECTED against SYN floods (xdp.optional = true)",
+                    x.interface
+                );
+                metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, false)));
+                Ok(Gate { held: None })
+            }
+            Err(e) => Err(StartError::Xdp {
+                origin: config.origin.clone(),
+                message: format!("cannot attach XDP SynGate to {}: {e}", x.interface),
+            }),
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else { return };
+        let iface = held.iface().to_string();
+        match held.release() {
+            Ok(d) => {
+                for (name, v) in d.restored {
+                    tracing::info!("XDP SynGate: restored {name}={v}");
+                }
+                tracing::info!("XDP SynGate detached from {iface}");
+            }
+            // The program itself went with the link; what is left (pins,
+            // sysctls: no permission after dropping privileges) is cleaned
+            // up at the next start.
+            Err(e) => tracing::warn!(
+                "XDP SynGate detached from {iface}, but its pins or sysctls are left for the next start: {e}"
+            ),
+        }
+    }
+}

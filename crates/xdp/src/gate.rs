@@ -1,0 +1,506 @@
+//! Attaching SynGate to an interface and detaching it.
+//!
+//! [`attach`] loads the embedded program, writes its configuration and
+//! port slots, attaches it through a BPF link and pins the link and every
+//! map in `<pin root>/<iface>/`: the program stays attached after the
+//! process exits, and `tlsgate xdp stats`/`detach` find it there. The
+//! configuration map also records the port of each slot and the sysctl
+//! values attach changed, so the pin directory describes the attachment by
+//! itself. [`detach`] unpins the link (the kernel detaches the program when
+//! its last reference goes), removes the pins and restores the sysctls.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use aya::maps::{Array, Map, MapData};
+use aya::programs::links::{FdLink, PinnedLink};
+use aya::programs::{ProgramError, Xdp, XdpFlags};
+use aya::EbpfLoader;
+
+use crate::abi::{Config, Mode, CONFIG_SIZE, MAX_PORTS};
+use crate::sysctl::{Sysctls, SYNCOOKIES, TIMESTAMPS};
+use crate::{Error, OBJECT, PIN_ROOT};
+
+/// The maps pinned beside the link, by their names in the program.
+pub const MAPS: [&str; 6] = ["config", "ports", "counters", "state", "top_v4", "top_v6"];
+
+/// `BPF_FS_MAGIC`, statfs' type of a BPF filesystem.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// What to attach where.
+#[derive(Clone, Debug)]
+pub struct AttachOptions {
+    /// The interface (in the caller's network namespace).
+    pub iface: String,
+    /// Protected ports, 1 to [`MAX_PORTS`].
+    pub ports: Vec<u16>,
+    /// The mode.
+    pub mode: Mode,
+    /// auto: peacetime sampling interval.
+    pub t1: Duration,
+    /// auto: flood mode ends after this long without a cookie.
+    pub t2: Duration,
+    /// Top sources count a SYN answered in flood mode when
+    /// `random & mask == 0` (0: every one; 15: one in 16).
+    pub top_sample_mask: u32,
+    /// Set the sysctls the mode needs (and restore them on detach) instead
+    /// of failing when they differ.
+    pub manage_sysctls: bool,
+    /// Generic (skb) XDP instead of the driver's native mode.
+    pub generic: bool,
+    /// Where the per-interface pin directories go ([`PIN_ROOT`]).
+    pub pin_root: PathBuf,
+}
+
+impl AttachOptions {
+    /// Defaults for `iface` and `ports`: auto, t1 1 s, t2 10 s, one source
+    /// in 16 sampled, sysctls checked but not set, native XDP.
+    pub fn new(iface: impl Into<String>, ports: Vec<u16>) -> AttachOptions {
+        AttachOptions {
+            iface: iface.into(),
+            ports,
+            mode: Mode::Auto,
+            t1: Duration::from_secs(1),
+            t2: Duration::from_secs(10),
+            top_sample_mask: 15,
+            manage_sysctls: false,
+            generic: false,
+            pin_root: PathBuf::from(PIN_ROOT),
+        }
+    }
+}
+
+/// An attachment made by [`attach`] or [`attach_held`].
+#[derive(Clone, Debug)]
+pub struct Attachment {
+    /// The pin directory.
+    pub dir: PathBuf,
+    /// The window scale advertised in SYN-ACKs.
+    pub wscale: u32,
+    /// Sysctls changed, with their old values.
+    pub changed: Vec<(&'static str, i32)>,
+}
+
+/// What [`detach`] did.
+#[derive(Clone, Debug)]
+pub struct Detached {
+    /// Sysctls restored, with the values written back.
+    pub restored: Vec<(&'static str, i32)>,
+}
+
+/// The pin directory of `iface` under `root`.
+pub fn pin_dir(root: &Path, iface: &str) -> Result<PathBuf, Error> {
+    let ok = !iface.is_empty()
+        && iface.len() <= 15
+        && !iface.contains(['/', '\0'])
+        && iface != "."
+        && iface != "..";
+    if !ok {
+        return Err(Error::Invalid(format!("bad interface name {iface:?}")));
+    }
+    Ok(root.join(iface))
+}
+
+/// Whether SynGate is pinned for `iface` under `root`.
+pub fn is_attached(root: &Path, iface: &str) -> bool {
+    pin_dir(root, iface).is_ok_and(|d| d.join("link").exists())
+}
+
+/// An error with its sources, `a: b: c` (aya puts the errno in a source).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+fn check_bpffs(root: &Path) -> Result<(), Error> {
+    // The root itself may not exist yet: check the nearest existing parent.
+    let mut p = root;
+    while !p.exists() {
+        p = p.parent().unwrap_or(Path::new("/"));
+    }
+    let fs = rustix::fs::statfs(p).map_err(|e| Error::bpf(format!("statfs {}", p.display()), e))?;
+    #[allow(clippy::unnecessary_cast, reason = "f_type's width differs by arch")]
+    if fs.f_type as i64 != BPF_FS_MAGIC {
+        return Err(Error::NoBpffs {
+            path: p.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn validate_ports(ports: &[u16]) -> Result<[u16; MAX_PORTS], Error> {
+    if ports.is_empty() || ports.len() > MAX_PORTS {
+        return Err(Error::Invalid(format!(
+            "{} ports given; SynGate protects 1 to {MAX_PORTS}",
+            ports.len()
+        )));
+    }
+    let mut slots = [0u16; MAX_PORTS];
+    for (i, &p) in ports.iter().enumerate() {
+        if p == 0 {
+            return Err(Error::Invalid("port 0 cannot be protected".into()));
+        }
+        if ports[..i].contains(&p) {
+            return Err(Error::Invalid(format!("port {p} given twice")));
+        }
+        slots[i] = p;
+    }
+    Ok(slots)
+}
+
+/// The last lines of a verifier log: the reason is at its end, and a
+/// program that hits the complexity limit logs a million instructions.
+fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn load_error(e: ProgramError) -> Error {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => Error::Verifier {
+            io: io_error,
+            log: log_tail(&verifier_log.to_string(), 40),
+        },
+        other => Error::bpf("load the XDP program", chain(&other)),
+    }
+}
+
+/// Restores sysctls on every early return of [`attach`] after it changed
+/// them.
+struct Restore<'a> {
+    sysctls: &'a Sysctls,
+    changed: Vec<(&'static str, i32)>,
+}
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        for (name, old) in &self.changed {
+            if let Err(e) = self.sysctls.write(name, *old) {
+                tracing::warn!("could not restore {name}={old}: {e}");
+            }
+        }
+    }
+}
+
+/// Loads, configures, attaches and pins SynGate on `o.iface`, checking (or,
+/// with `manage_sysctls`, setting) the sysctls its mode needs first. The
+/// link is pinned: the program stays attached after this process exits.
+pub fn attach(o: &AttachOptions) -> Result<Attachment, Error> {
+    attach_with(o, &Sysctls::default(), true).map(|(a, _)| a)
+}
+
+/// SynGate attached for as long as this value (this process) lives: the
+/// link is not pinned, only held, so the kernel detaches the program when
+/// the process exits, whether it stops cleanly or crashes. The maps are
+/// pinned (for `tlsgate xdp stats`); [`Held::release`] removes them and
+/// restores the sysctls, and [`cleanup_stale`] does it at the next start
+/// after a crash.
+#[derive(Debug)]
+pub struct Held {
+    /// What was attached.
+    pub attachment: Attachment,
+    link: Option<FdLink>,
+    pin_root: PathBuf,
+    iface: String,
+}
+
+/// Attaches SynGate to `o.iface` for the life of this process (see
+/// [`Held`]).
+pub fn attach_held(o: &AttachOptions) -> Result<Held, Error> {
+    let (attachment, link) = attach_with(o, &Sysctls::default(), false)?;
+    Ok(Held {
+        attachment,
+        link,
+        pin_root: o.pin_root.clone(),
+        iface: o.iface.clone(),
+    })
+}
+
+impl Held {
+    /// Detaches the program, removes the pins and restores the sysctls.
+    pub fn release(mut self) -> Result<Detached, Error> {
+        drop(self.link.take());
+        detach(&self.pin_root, &self.iface)
+    }
+
+    /// The interface.
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The pin root.
+    pub fn pin_root(&self) -> &Path {
+        &self.pin_root
+    }
+}
+
+/// Removes what a previous SynGate on `iface` left behind (a process that
+/// crashed leaves its pinned maps and changed sysctls; one attached by
+/// `tlsgate xdp attach` leaves its pinned link): detaches, unpins,
+/// restores. `None` when there was nothing.
+pub fn cleanup_stale(pin_root: &Path, iface: &str) -> Result<Option<Detached>, Error> {
+    if !pin_dir(pin_root, iface)?.exists() {
+        return Ok(None);
+    }
+    detach(pin_root, iface).map(Some)
+}
+
+/// [`attach`] with the sysctls read and written under `sysctls`; with
+/// `pin_link` false the link is returned instead of pinned.
+pub fn attach_with(
+    o: &AttachOptions,
+    sysctls: &Sysctls,
+    pin_link: bool,
+) -> Result<(Attachment, Option<FdLink>), Error> {
+    let dir = pin_dir(&o.pin_root, &o.iface)?;
+    let slot_ports = validate_ports(&o.ports)?;
+    if is_attached(&o.pin_root, &o.iface) {
+        return Err(Error::AlreadyAttached {
+            iface: o.iface.clone(),
+            dir: dir.display().to_string(),
+        });
+    }
+    check_bpffs(&o.pin_root)?;
+    let mut restore = Restore {
+        sysctls,
+        changed: sysctls.ensure(o.mode, o.manage_sysctls)?,
+    };
+    let wscale = sysctls.cookie_wscale()?;
+    let saved = |name| {
+        restore
+            .changed
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| *v)
+    };
+    let config = Config {
+        mode: o.mode,
+        wscale,
+        t1: o.t1,
+        t2: o.t2,
+        top_sample_mask: o.top_sample_mask,
+        slot_ports,
+        saved_syncookies: saved(SYNCOOKIES),
+        saved_timestamps: saved(TIMESTAMPS),
+    };
+
+    let mut ebpf = load_object(OBJECT)?;
+    {
+        let mut cfg: Array<&mut MapData, [u8; CONFIG_SIZE]> = map_mut(&mut ebpf, "config")?;
+        cfg.set(0, config.encode(), 0)
+            .map_err(|e| Error::bpf("write the config map", chain(&e)))?;
+    }
+    {
+        let mut ports: Array<&mut MapData, u32> = map_mut(&mut ebpf, "ports")?;
+        for (slot, &p) in o.ports.iter().enumerate() {
+            let v = u32::try_from(slot + 1).unwrap_or(u32::MAX);
+            ports
+                .set(u32::from(p), v, 0)
+                .map_err(|e| Error::bpf("write the ports map", chain(&e)))?;
+        }
+    }
+
+    std::fs::create_dir_all(&dir).map_err(|e| Error::bpf(format!("mkdir {}", dir.display()), e))?;
+    let result = (|| -> Result<Option<FdLink>, Error> {
+        for name in MAPS {
+            let map = ebpf
+                .map(name)
+                .ok_or_else(|| Error::bpf(format!("find map {name}"), "not in the object"))?;
+            map.pin(dir.join(name))
+                .map_err(|e| Error::bpf(format!("pin map {name}"), chain(&e)))?;
+        }
+        let prog = syngate(&mut ebpf)?;
+        let flags = if o.generic {
+            XdpFlags::SKB_MODE
+        } else {
+            XdpFlags::DRV_MODE
+        };
+        let id = prog
+            .attach(&o.iface, flags)
+            .map_err(|e| Error::bpf(format!("attach XDP to {}", o.iface), chain(&e)))?;
+        let link = prog
+            .take_link(id)
+            .map_err(|e| Error::bpf("take the XDP link", chain(&e)))?;
+        let link = FdLink::try_from(link)
+            .map_err(|e| Error::bpf("the XDP link is not a BPF link", chain(&e)))?;
+        if !pin_link {
+            return Ok(Some(link));
+        }
+        link.pin(dir.join("link"))
+            .map_err(|e| Error::bpf("pin the XDP link", chain(&e)))?;
+        Ok(None)
+    })();
+    let link = match result {
+        Ok(link) => link,
+        Err(e) => {
+            remove_pins(&dir);
+            return Err(e);
+        }
+    };
+    let changed = std::mem::take(&mut restore.changed);
+    Ok((
+        Attachment {
+            dir,
+            wscale,
+            changed,
+        },
+        link,
+    ))
+}
+
+/// The `syngate` program of a loaded object.
+fn syngate(ebpf: &mut aya::Ebpf) -> Result<&mut Xdp, Error> {
+    ebpf.program_mut("syngate")
+        .ok_or_else(|| Error::bpf("find program syngate", "not in the object"))?
+        .try_into()
+        .map_err(|e: ProgramError| Error::bpf("program syngate", chain(&e)))
+}
+
+/// Creates the maps of `object` and loads its `syngate` program into the
+/// kernel (not attached yet); a refusal carries the verifier's log.
+fn load_object(object: &[u8]) -> Result<aya::Ebpf, Error> {
+    let mut ebpf = EbpfLoader::new().load(object).map_err(|e| {
+        let mut detail = chain(&e);
+        if detail.contains("Operation not permitted") {
+            detail.push_str(" (loading BPF needs root: CAP_BPF and CAP_NET_ADMIN)");
+        }
+        Error::bpf("load the BPF object", detail)
+    })?;
+    syngate(&mut ebpf)?.load().map_err(load_error)?;
+    Ok(ebpf)
+}
+
+fn map_mut<'a, V: aya::Pod>(
+    ebpf: &'a mut aya::Ebpf,
+    name: &str,
+) -> Result<Array<&'a mut MapData, V>, Error> {
+    let map = ebpf
+        .map_mut(name)
+        .ok_or_else(|| Error::bpf(format!("find map {name}"), "not in the object"))?;
+    Array::try_from(map).map_err(|e| Error::bpf(format!("map {name}"), chain(&e)))
+}
+
+/// Opens a pinned map of the attachment in `dir`.
+pub(crate) fn open_pinned(dir: &Path, name: &str) -> Result<MapData, Error> {
+    MapData::from_pin(dir.join(name))
+        .map_err(|e| Error::bpf(format!("open {}", dir.join(name).display()), chain(&e)))
+}
+
+/// The configuration recorded in the pinned `config` map.
+pub fn pinned_config(dir: &Path) -> Result<Config, Error> {
+    let map: Array<MapData, [u8; CONFIG_SIZE]> =
+        Array::try_from(Map::Array(open_pinned(dir, "config")?))
+            .map_err(|e| Error::bpf("config map", chain(&e)))?;
+    let raw = map
+        .get(&0, 0)
+        .map_err(|e| Error::bpf("read the config map", chain(&e)))?;
+    Config::decode(&raw).ok_or_else(|| Error::bpf("read the config map", "unknown mode"))
+}
+
+fn remove_pins(dir: &Path) {
+    for name in MAPS.iter().chain(&["link"]) {
+        let p = dir.join(name);
+        if p.exists() {
+            if let Err(e) = std::fs::remove_file(&p) {
+                tracing::warn!("could not remove {}: {e}", p.display());
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        tracing::warn!("could not remove {}: {e}", dir.display());
+    }
+}
+
+/// Detaches SynGate from `iface`: unpins the link (the program goes when
+/// no process holds the link any more), removes the pins and restores the
+/// sysctls attach changed.
+pub fn detach(pin_root: &Path, iface: &str) -> Result<Detached, Error> {
+    detach_with(pin_root, iface, &Sysctls::default())
+}
+
+/// [`detach`] with the sysctls under `sysctls`.
+pub fn detach_with(pin_root: &Path, iface: &str, sysctls: &Sysctls) -> Result<Detached, Error> {
+    let dir = pin_dir(pin_root, iface)?;
+    if !dir.exists() {
+        return Err(Error::NotAttached {
+            iface: iface.into(),
+            dir: dir.display().to_string(),
+        });
+    }
+    let config = pinned_config(&dir).ok();
+    let link = dir.join("link");
+    if link.exists() {
+        let pinned = PinnedLink::from_pin(&link)
+            .map_err(|e| Error::bpf(format!("open {}", link.display()), chain(&e)))?;
+        let fd_link = pinned
+            .unpin()
+            .map_err(|e| Error::bpf(format!("unpin {}", link.display()), e))?;
+        drop(fd_link);
+    }
+    remove_pins(&dir);
+    let mut restored = Vec::new();
+    if let Some(c) = config {
+        for (name, old) in [
+            (SYNCOOKIES, c.saved_syncookies),
+            (TIMESTAMPS, c.saved_timestamps),
+        ] {
+            if let Some(old) = old {
+                sysctls.write(name, old)?;
+                restored.push((name, old));
+            }
+        }
+    }
+    Ok(Detached { restored })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_cannot_escape_the_pin_root() {
+        let root = Path::new("/sys/fs/bpf/tlsgate");
+        assert!(pin_dir(root, "eth0").is_ok());
+        for bad in ["", "..", ".", "a/b", "averyveryverylongname"] {
+            assert!(pin_dir(root, bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ports_are_checked() {
+        assert!(validate_ports(&[]).is_err());
+        assert!(validate_ports(&[0]).is_err());
+        assert!(validate_ports(&[443, 443]).is_err());
+        assert!(validate_ports(&(1..=17).collect::<Vec<u16>>()).is_err());
+        let s = validate_ports(&[443, 8443]).expect("fine");
+        assert_eq!(&s[..3], &[443, 8443, 0]);
+    }
+
+    /// Needs root (CI runs as root): loading BPF programs needs CAP_BPF.
+    #[test]
+    fn the_program_passes_the_verifier_and_a_refusal_shows_its_log() {
+        load_object(OBJECT).expect("the kernel loads syngate (needs root)");
+        static REFUSED: &[u8] =
+            aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/refused.bpf.o"));
+        let e = load_object(REFUSED).expect_err("the verifier refuses it");
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Verifier { .. }), "{msg}");
+        assert!(msg.contains("invalid access to packet"), "{msg}");
+    }
+
+    #[test]
+    fn verifier_log_tail_keeps_the_end() {
+        let log: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let t = log_tail(&log, 3);
+        assert_eq!(t, "line 97\nline 98\nline 99");
+    }
+}

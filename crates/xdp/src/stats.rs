@@ -1,0 +1,183 @@
+//! Reading an attachment's counters, flood state and top sources from its
+//! pinned maps (`tlsgate xdp stats`, and `/metrics` when tlsgate serves).
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::Path;
+
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+
+use crate::abi::{Config, Counters, State, COUNTERS_SIZE, STATE_SIZE};
+use crate::gate::{chain, open_pinned, pin_dir, pinned_config};
+use crate::{Error, Mode};
+
+/// One protected port.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PortStats {
+    /// The port.
+    pub port: u16,
+    /// Its counters, summed over CPUs.
+    pub counters: Counters,
+    /// Its flood-mode state.
+    pub state: State,
+}
+
+/// A source address (an IPv4 /32 or an IPv6 /64) and the SYNs sampled from
+/// it in flood mode.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Source {
+    /// `198.51.100.7/32` or `2001:db8:1:2::/64`.
+    pub prefix: String,
+    /// Sampled SYNs.
+    pub syns: u64,
+}
+
+/// Everything `tlsgate xdp stats` shows.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Stats {
+    /// The interface.
+    pub iface: String,
+    /// The mode.
+    pub mode: Mode,
+    /// The window scale advertised in SYN-ACKs.
+    pub wscale: u32,
+    /// auto: t1 in milliseconds.
+    pub t1_ms: u64,
+    /// auto: t2 in milliseconds.
+    pub t2_ms: u64,
+    /// One in `top_sample_mask + 1` answered SYNs is sampled for the top
+    /// sources.
+    pub top_sample_mask: u32,
+    /// The protected ports.
+    pub ports: Vec<PortStats>,
+    /// The most frequent sampled sources, most first (at most 10 of each
+    /// family).
+    pub top_sources: Vec<Source>,
+}
+
+/// Reads the stats of the attachment of `iface` under `pin_root`.
+pub fn stats(pin_root: &Path, iface: &str) -> Result<Stats, Error> {
+    let dir = pin_dir(pin_root, iface)?;
+    if !dir.join("config").exists() {
+        return Err(Error::NotAttached {
+            iface: iface.into(),
+            dir: dir.display().to_string(),
+        });
+    }
+    let config: Config = pinned_config(&dir)?;
+    let counters: PerCpuArray<MapData, [u8; COUNTERS_SIZE]> =
+        PerCpuArray::try_from(Map::PerCpuArray(open_pinned(&dir, "counters")?))
+            .map_err(|e| Error::bpf("counters map", chain(&e)))?;
+    let state: Array<MapData, [u8; STATE_SIZE]> =
+        Array::try_from(Map::Array(open_pinned(&dir, "state")?))
+            .map_err(|e| Error::bpf("state map", chain(&e)))?;
+    let mut ports = Vec::new();
+    for (slot, &port) in config.slot_ports.iter().enumerate() {
+        if port == 0 {
+            continue;
+        }
+        let slot = u32::try_from(slot).unwrap_or(u32::MAX);
+        let per_cpu = counters
+            .get(&slot, 0)
+            .map_err(|e| Error::bpf("read the counters map", chain(&e)))?;
+        let mut sum = Counters::default();
+        for raw in per_cpu.iter() {
+            sum.add(&Counters::decode(raw));
+        }
+        let raw = state
+            .get(&slot, 0)
+            .map_err(|e| Error::bpf("read the state map", chain(&e)))?;
+        ports.push(PortStats {
+            port,
+            counters: sum,
+            state: State::decode(&raw),
+        });
+    }
+
+    let mut top_sources = Vec::new();
+    let v4: HashMap<MapData, u32, u64> =
+        HashMap::try_from(Map::LruHashMap(open_pinned(&dir, "top_v4")?))
+            .map_err(|e| Error::bpf("top_v4 map", chain(&e)))?;
+    let mut list: Vec<(u32, u64)> = v4.iter().filter_map(Result::ok).collect();
+    list.sort_by_key(|e| std::cmp::Reverse(e.1));
+    top_sources.extend(list.into_iter().take(10).map(|(k, n)| Source {
+        // The key is the address as it sits in the packet (network order).
+        prefix: format!("{}/32", Ipv4Addr::from(k.to_ne_bytes())),
+        syns: n,
+    }));
+    let v6: HashMap<MapData, u64, u64> =
+        HashMap::try_from(Map::LruHashMap(open_pinned(&dir, "top_v6")?))
+            .map_err(|e| Error::bpf("top_v6 map", chain(&e)))?;
+    let mut list: Vec<(u64, u64)> = v6.iter().filter_map(Result::ok).collect();
+    list.sort_by_key(|e| std::cmp::Reverse(e.1));
+    top_sources.extend(list.into_iter().take(10).map(|(k, n)| {
+        let mut a = [0u8; 16];
+        a[..8].copy_from_slice(&k.to_ne_bytes());
+        Source {
+            prefix: format!("{}/64", Ipv6Addr::from(a)),
+            syns: n,
+        }
+    }));
+
+    Ok(Stats {
+        iface: iface.into(),
+        mode: config.mode,
+        wscale: config.wscale,
+        t1_ms: u64::try_from(config.t1.as_millis()).unwrap_or(u64::MAX),
+        t2_ms: u64::try_from(config.t2.as_millis()).unwrap_or(u64::MAX),
+        top_sample_mask: config.top_sample_mask,
+        ports,
+        top_sources,
+    })
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "XDP SynGate on {}: mode {}, t1 {} ms, t2 {} ms, window scale {}",
+            self.iface, self.mode, self.t1_ms, self.t2_ms, self.wscale
+        )?;
+        writeln!(
+            f,
+            "{:>6} {:>12} {:>12} {:>12} {:>11} {:>8} {:>8} {:>6} {:>8} {:>6}",
+            "port",
+            "syns",
+            "cookies",
+            "passed",
+            "no_listener",
+            "errors",
+            "probes",
+            "flood",
+            "entered",
+            "left"
+        )?;
+        for p in &self.ports {
+            let c = &p.counters;
+            writeln!(
+                f,
+                "{:>6} {:>12} {:>12} {:>12} {:>11} {:>8} {:>8} {:>6} {:>8} {:>6}",
+                p.port,
+                c.syn_seen,
+                c.cookies,
+                c.passed,
+                c.no_listener,
+                c.errors,
+                c.sampled,
+                if p.state.flood { "yes" } else { "no" },
+                p.state.flood_entered,
+                p.state.flood_left
+            )?;
+        }
+        if !self.top_sources.is_empty() {
+            writeln!(
+                f,
+                "top sources in flood mode (1 SYN in {} sampled):",
+                u64::from(self.top_sample_mask) + 1
+            )?;
+            for s in &self.top_sources {
+                writeln!(f, "  {:<28} {}", s.prefix, s.syns)?;
+            }
+        }
+        Ok(())
+    }
+}
