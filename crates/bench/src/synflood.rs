@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tlsgate_loadgen::synflood::{Sources, SynFlood};
-use tlsgate_loadgen::{run_handshakes, HandshakeJob, Observer, Pacing, TlsProfile, Window};
+use tlsgate_loadgen::{
+    run_handshakes, run_transfer, HandshakeJob, Observer, Pacing, TlsProfile, TransferJob, Window,
+};
 
 use crate::materials::{Materials, SERVER_NAME};
 use crate::proc::CoreTicks;
@@ -106,6 +108,9 @@ pub struct FloodCell {
     pub flood_rate: f64,
     /// Legitimate TLS 1.3 handshakes (with a 1 KiB GET) per second.
     pub handshakes_per_sec: f64,
+    /// Legitimate transfer throughput, MB/s: keep-alive GETs of 1 MiB over
+    /// 4 connections, measured after the handshakes (the flood still on).
+    pub transfer_mb_per_sec: f64,
     /// Failed legitimate connections in the window.
     pub errors: u64,
     /// The first failure's message.
@@ -437,6 +442,7 @@ fn xdp_cookies(iface: &str) -> u64 {
 pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
     let materials = Materials::create()?;
     let path = materials.file(1 << 10)?;
+    let big = materials.file(1 << 20)?;
     let lab = Lab::new(o)?;
     let server = start_server(&lab, o, &materials)?;
     let server_pid = server.child.id();
@@ -490,16 +496,17 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
             let mut idle_cpu = None;
             for rate in &o.rates {
                 let cell = run_cell(
-                    o, &lab, mode, *rate, src_mac, dst_mac, &path, server_pid, idle_cpu,
+                    o, &lab, mode, *rate, src_mac, dst_mac, &path, &big, server_pid, idle_cpu,
                 )?;
                 if *rate == Some(0) {
                     idle_cpu = Some(cell.flood_only_server_cpu);
                 }
                 eprintln!(
-                    "synflood {mode:>6} {:>8}: {:>9.0} SYN/s, {:>7.0} handshakes/s, server core {:>5.1} %",
+                    "synflood {mode:>6} {:>8}: {:>9.0} SYN/s, {:>7.0} handshakes/s, {:>6.0} MB/s, server core {:>5.1} %",
                     rate.map_or("max".to_string(), |r| r.to_string()),
                     cell.flood_rate,
                     cell.handshakes_per_sec,
+                    cell.transfer_mb_per_sec,
                     cell.server_core_busy * 100.0
                 );
                 cells.push(cell);
@@ -523,6 +530,7 @@ fn run_cell(
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
     path: &str,
+    big: &str,
     server_pid: u32,
     idle_cpu: Option<f64>,
 ) -> Result<FloodCell, BenchError> {
@@ -530,7 +538,16 @@ fn run_cell(
     let stop = Arc::new(AtomicBool::new(false));
     let dropped_before = tx_dropped(&lab.cli, &lab.cli_if);
     let flood_only = o.window.measure.min(Duration::from_secs(2));
-    let total = o.window.warmup + o.window.measure + flood_only + Duration::from_secs(1);
+    let transfer_window = Window {
+        warmup: o.window.warmup.min(Duration::from_millis(500)),
+        measure: (o.window.measure / 2).max(Duration::from_secs(1)),
+    };
+    let total = o.window.warmup
+        + o.window.measure
+        + transfer_window.warmup
+        + transfer_window.measure
+        + flood_only
+        + Duration::from_secs(2);
     let flood = match rate {
         Some(0) => None,
         _ => Some(
@@ -579,6 +596,19 @@ fn run_cell(
         busy_poll: false,
     };
     let report = run_handshakes(&job, &sampler);
+    let transfer = run_transfer(
+        &TransferJob {
+            addr: job.addr,
+            server_name: SERVER_NAME.into(),
+            profile: TlsProfile::tls13_ecdsa(),
+            path: big.to_string(),
+            connections: 4,
+            window: transfer_window,
+            cores: vec![Some(o.client_core)],
+        },
+        &(),
+    )
+    .map_or(0.0, |r| r.bytes_per_sec() / 1e6);
     // The flood alone, for the server's CPU per SYN.
     let quiet_start = CoreTicks::now(o.server_core).unwrap_or_default();
     let cpu_start = server_cpu_secs(&sampler.napi, server_pid, o.server_core);
@@ -623,6 +653,7 @@ fn run_cell(
         target_rate: rate,
         flood_rate,
         handshakes_per_sec: report.ops_per_sec(),
+        transfer_mb_per_sec: transfer,
         errors: report.error_count(),
         first_error: report.first_error.clone(),
         server_core_busy,
@@ -639,16 +670,17 @@ fn run_cell(
 /// The cells as a Markdown table.
 pub fn markdown(cells: &[FloodCell]) -> String {
     let mut s = String::from(
-        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s | errors | server core busy | server NAPI thread (s) | client core busy | veth drops | XDP cookies | server core, flood alone | server CPU, flood alone | server CPU per SYN (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s | transfer MB/s | errors | server core busy | server NAPI thread (s) | client core busy | veth drops | XDP cookies | server core, flood alone | server CPU, flood alone | server CPU per SYN (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for c in cells {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {} | {:.1} % | {:.1} % | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {} | {:.1} % | {:.1} % | {} |",
             c.mode,
             c.target_rate.map_or("max".into(), |r| r.to_string()),
             c.flood_rate,
             c.handshakes_per_sec,
+            c.transfer_mb_per_sec,
             c.errors,
             c.server_core_busy * 100.0,
             c.napi_cpu_secs,

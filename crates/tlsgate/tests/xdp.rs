@@ -910,7 +910,7 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
 
 /// `tlsgate bench synflood --quick` runs its four cells (kernel and XDP, no
 /// flood and 50,000 SYN/s) in namespaces of its own and reports sane
-/// figures: handshakes in every cell and no failure, the flood sent, XDP
+/// figures: handshakes and transfers in every cell and no failure, the flood sent, XDP
 /// cookies only with XDP, a CPU cost per SYN for both flooded cells; and
 /// it leaves no namespace behind.
 #[test]
@@ -934,6 +934,7 @@ fn bench_synflood_quick_reports_every_cell() {
         let flooded = c["target_rate"].as_u64() != Some(0);
         let xdp = c["mode"] == "xdp";
         assert!(c["handshakes_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+        assert!(c["transfer_mb_per_sec"].as_f64().unwrap() > 0.0, "{c}");
         assert_eq!(c["errors"], 0, "{c}");
         assert_eq!(flooded, c["flood_rate"].as_f64().unwrap() > 10_000.0, "{c}");
         assert_eq!(xdp, c["xdp_cookies"].as_u64().unwrap() > 0, "{c}");
