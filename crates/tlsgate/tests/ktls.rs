@@ -124,6 +124,11 @@ impl Site {
     }
 
     fn start(&self, offload: &str) -> Server {
+        self.start_with(offload, "")
+    }
+
+    /// `listener_extra`: more keys of the listener.
+    fn start_with(&self, offload: &str, listener_extra: &str) -> Server {
         let fx = &self.fx;
         let config = format!(
             r#"[access_log]
@@ -142,6 +147,7 @@ listen = "127.0.0.1:0"
 listen = ["127.0.0.1:0"]
 root = {root:?}
 offload = "{offload}"
+{listener_extra}
 
 [[listener.certificate]]
 cert = {cert:?}
@@ -600,5 +606,26 @@ fn a_corrupted_record_gets_bad_record_mac() {
             "the kernel saw the bad record"
         );
         assert_eq!(stat.get("TlsTxSw"), 2);
+    }
+}
+
+/// `offload_zerocopy`: sendfile encrypts from the page cache; files that
+/// do not change arrive byte-exact, every size.
+#[test]
+fn zerocopy_sendfile_is_byte_exact() {
+    let _g = serial();
+    let site = Site::new();
+    let s = site.start_with("always", "offload_zerocopy = true");
+    let stat = StatDelta::start();
+    let mut c = tls_connect(s.addr);
+    for len in SIZES {
+        let (_, body) = get(&mut c, &format!("/f{len}.bin"));
+        assert!(body == site.body(len), "{len} bytes differ");
+    }
+    drop(c);
+    stat.expect_sessions(1, 1);
+    if kernel_tls() {
+        // Linux 5.19+ has TLS_TX_ZEROCOPY_RO: the probe found it.
+        assert!(s.log().contains("tx_zerocopy=true"), "{}", s.log());
     }
 }
