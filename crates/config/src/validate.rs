@@ -785,6 +785,18 @@ names = ["example.com", "*.example.com"]
     }
 
     #[test]
+    fn the_documented_example_is_valid() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/tlsgate.example.toml");
+        let c = load(
+            Some(&example),
+            &Overrides::default(),
+            Path::new("/nonexistent"),
+        )
+        .unwrap();
+        assert_eq!(c.listeners[0].offload.policy, OffloadPolicy::Auto);
+    }
+
+    #[test]
     fn builtin_defaults_are_valid() {
         let dir = tempfile::tempdir().unwrap();
         let c = load(None, &Overrides::default(), dir.path()).unwrap();
