@@ -810,3 +810,39 @@ impl TlsConnection {
         &self.sock
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hello_start_gives_legacy_version_only_from_a_client_hello() {
+        let mut h = HelloStart::default();
+        // Split anywhere: the bytes are joined.
+        h.observe(&[0x16, 3, 1, 0, 200, 1]);
+        assert_eq!(h.legacy_version(), None, "not all 11 bytes yet");
+        h.observe(&[0, 0, 196, 3, 0, 0xAA, 0xBB]);
+        assert_eq!(h.legacy_version(), Some(0x0300));
+        let mut other = HelloStart::default();
+        other.observe(&[0x17, 3, 3, 0, 200, 1, 0, 0, 196, 3, 0]);
+        assert_eq!(other.legacy_version(), None, "not a handshake record");
+    }
+
+    #[test]
+    fn the_session_id_is_read_from_a_tls12_server_hello() {
+        let mut flight = vec![0x16, 3, 3, 0, 80, 2, 0, 0, 76, 3, 3];
+        flight.extend([7u8; 32]); // random
+        flight.push(32);
+        flight.extend(1..=32u8);
+        let (id, len) = server_hello_session_id(&flight[..76]).unwrap();
+        assert_eq!(len, 32);
+        assert_eq!(id.to_vec(), (1..=32u8).collect::<Vec<_>>());
+        // An empty ID (a server that caches nothing) and short input.
+        let mut empty = flight.clone();
+        empty[43] = 0;
+        assert!(server_hello_session_id(&empty).is_none());
+        assert!(server_hello_session_id(&flight[..50]).is_none());
+        assert!(server_hello_session_id(&[0x15, 3, 3, 0, 2, 2, 40]).is_none());
+    }
+}
