@@ -917,13 +917,24 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
 fn bench_synflood_quick_reports_every_cell() {
     require_root();
     let out = tempfile::tempdir().unwrap();
-    let report = ok(Command::new(bin()).args([
-        "bench",
-        "synflood",
-        "--quick",
-        "--out",
-        out.path().to_str().unwrap(),
-    ]));
+    let bench = Command::new(bin())
+        .args(["bench", "synflood", "--quick", "--out"])
+        .arg(out.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The bench names its namespaces after its pid; other benches may run
+    // beside this one (another checkout's tests), so only ours are checked.
+    let pid = bench.id() % 100_000;
+    let done = bench.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        done.status.success(),
+        "bench synflood failed ({}):\n{report}{}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
     eprintln!("{report}");
     let svg = std::fs::read_to_string(out.path().join("synflood.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("XDP SynGate"), "{svg}");
@@ -941,5 +952,8 @@ fn bench_synflood_quick_reports_every_cell() {
         assert_eq!(flooded, c["cpu_per_syn_us"].is_number(), "{c}");
     }
     let left = sh(&["ip", "netns", "list"]);
-    assert!(!left.contains("tgbench-"), "namespaces left: {left}");
+    assert!(
+        !left.contains(&format!("tgbench-s-{pid}")) && !left.contains(&format!("tgbench-c-{pid}")),
+        "namespaces left: {left}"
+    );
 }
