@@ -31,6 +31,14 @@ fn main() {
         &manifest.join("bpf/sink.bpf.c"),
         &out.join("sink.bpf.o"),
     );
+    // The SYN flood generator's XDP mode (BPF_PROG_RUN, live frames).
+    println!("cargo:rerun-if-changed=bpf/flood.bpf.c");
+    compile(
+        &clang,
+        &multiarch,
+        &manifest.join("bpf/flood.bpf.c"),
+        &out.join("flood.bpf.o"),
+    );
     // A program the verifier refuses, for the loader's tests.
     println!("cargo:rerun-if-changed=bpf/testdata/refused.bpf.c");
     compile(

@@ -25,7 +25,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tlsgate_loadgen::synflood::{Sources, SynFlood};
+use tlsgate_loadgen::synflood::{Inject, Sources, SynFlood};
 use tlsgate_loadgen::{
     run_handshakes, run_transfer, HandshakeJob, Observer, Pacing, TlsProfile, TransferJob, Window,
 };
@@ -57,6 +57,11 @@ pub struct SynfloodOptions {
     pub client_core: usize,
     /// Handshakes in flight.
     pub concurrency: usize,
+    /// How the flood generator sends in the generator's-maximum cells:
+    /// `AF_PACKET` skbs, or `xdp_frame`s from an XDP program run with
+    /// `BPF_PROG_RUN` (as a NIC would hand frames to XDP; see the loadgen's
+    /// [`Inject`]). Paced cells always use `AF_PACKET`.
+    pub inject: Inject,
 }
 
 impl SynfloodOptions {
@@ -93,6 +98,7 @@ impl SynfloodOptions {
             server_core: 0,
             client_core: 1,
             concurrency: 8,
+            inject: Inject::Packet,
         }
     }
 }
@@ -569,6 +575,12 @@ fn run_cell(
                 duration: total,
                 options: true,
                 batch: 64,
+                // XDP injection sends flat out only (see Inject::XdpLive).
+                inject: if rate.is_none() {
+                    o.inject
+                } else {
+                    Inject::Packet
+                },
             }
             .spawn(None, Some(o.client_core), stop.clone())
             .map_err(|e| BenchError::Other(format!("flood generator: {e}")))?,

@@ -49,8 +49,27 @@ pub struct SynFlood {
     /// The options a Linux client sends (MSS, SACK permitted, timestamps,
     /// window scale: 20 bytes) instead of none.
     pub options: bool,
-    /// Frames per `sendmmsg`.
+    /// Frames per `sendmmsg` (per `BPF_PROG_RUN` batch with
+    /// [`Inject::XdpLive`]).
     pub batch: usize,
+    /// How the frames are sent.
+    pub inject: Inject,
+}
+
+/// How the generator puts its frames on the interface.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Inject {
+    /// `AF_PACKET` past the qdisc, `sendmmsg`: the receiver gets skbs
+    /// with little headroom; veth copies each into a fresh page before it
+    /// runs an XDP program on it.
+    #[default]
+    Packet,
+    /// An XDP program run with `BPF_PROG_RUN` in live-frame mode that
+    /// rewrites a template SYN per frame and transmits it with `XDP_TX`
+    /// (IPv4 only, flat out only): on veth the peer gets `xdp_frame`s
+    /// with XDP headroom, as a NIC driver hands frames to XDP, and the
+    /// sender builds no skb. Needs Linux 5.18+.
+    XdpLive,
 }
 
 /// What was sent.
@@ -184,6 +203,9 @@ impl SynFlood {
     /// Sends until `count`, `duration` or `stop`, whichever comes first.
     pub fn run(&self, stop: &AtomicBool) -> io::Result<FloodReport> {
         self.check()?;
+        if self.inject == Inject::XdpLive {
+            return self.run_xdp(stop);
+        }
         let sock = PacketSocket::open(ifindex(&self.iface)?)?;
         let start = Instant::now();
         let deadline = start + self.duration;
@@ -230,6 +252,54 @@ impl SynFlood {
                     ))
                 }
             }
+        }
+        Ok(FloodReport {
+            sent,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// [`Inject::XdpLive`]: `BPF_PROG_RUN` on a template, flat out only.
+    /// Every call costs tens of milliseconds of set-up and tear-down here
+    /// (~24 ms on the 6.18 developer VM, whatever the frame count), so
+    /// calls are big and a paced flood would come in bursts: refused.
+    fn run_xdp(&self, stop: &AtomicBool) -> io::Result<FloodReport> {
+        let other = |m: String| io::Error::other(m);
+        let IpAddr::V4(first) = self.sources.first else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the XDP injection mode sends IPv4 SYNs only",
+            ));
+        };
+        if self.rate.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the XDP injection mode sends flat out only (no rate)",
+            ));
+        }
+        let ifindex = ifindex(&self.iface)?;
+        let prog = tlsgate_xdp::flood::FloodProgram::load(first, self.sources.count, 0)
+            .map_err(|e| other(e.to_string()))?;
+        let fd = prog.fd().map_err(|e| other(e.to_string()))?;
+        let mut template = Vec::with_capacity(128);
+        build_syn(self, 0, &mut template);
+        let batch = self.batch.clamp(1, 256) as u64;
+        // ~30-60 ms per call at a few million frames per second.
+        const CHUNK: u64 = 1 << 16;
+        let start = Instant::now();
+        let deadline = start + self.duration;
+        let limit = self.count.unwrap_or(u64::MAX);
+        let mut sent = 0u64;
+        while sent < limit && !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            let n = (limit - sent).min(CHUNK);
+            tlsgate_sys::packet::xdp_live_run(fd, &template, ifindex, n as u32, batch as u32)
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("{e} on {} ({n} frames, {sent} sent before)", self.iface),
+                    )
+                })?;
+            sent += n;
         }
         Ok(FloodReport {
             sent,
@@ -290,6 +360,7 @@ mod tests {
             duration: Duration::from_secs(1),
             options,
             batch: 8,
+            inject: Inject::Packet,
         }
     }
 
@@ -329,6 +400,21 @@ mod tests {
         let mut pseudo = sum16(&f[22..54], 0);
         pseudo += 6 + 20;
         assert_eq!(fold(sum16(&f[54..], pseudo)), 0, "TCP checksum");
+    }
+
+    /// XDP injection: IPv4 and flat out only, refused before any BPF.
+    #[test]
+    fn xdp_injection_refuses_ipv6_and_pacing() {
+        let stop = AtomicBool::new(false);
+        let mut s = spec("10.254.1.1:8443", "10.254.2.1", true);
+        s.inject = Inject::XdpLive;
+        s.rate = Some(1000);
+        let e = s.run(&stop).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        let mut s = spec("[fd00:254:1::1]:443", "fd00:254:2::1", false);
+        s.inject = Inject::XdpLive;
+        let e = s.run(&stop).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
 //! ([`resident`]'s `mmap`/`mlock`, [`ktls`]'s socket options and
-//! control messages, [`packet`]'s `AF_PACKET` socket for the SYN flood
-//! generator); everything else goes through
+//! control messages, [`packet`]'s `AF_PACKET` socket and `BPF_PROG_RUN`
+//! call for the SYN flood generator); everything else goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
 

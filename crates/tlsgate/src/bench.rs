@@ -47,6 +47,11 @@ pub struct BenchArgs {
     /// tlsgate's kernel-TLS policy: auto, always or never (kTLS kernels only).
     #[arg(long, value_name = "POLICY", default_value = "auto")]
     offload: String,
+    /// synflood: how the generator's-maximum cells send the flood, packet
+    /// (AF_PACKET skbs) or xdp (xdp_frames from BPF_PROG_RUN live frames,
+    /// as a NIC driver hands frames to XDP); paced cells use packet.
+    #[arg(long, value_name = "HOW", default_value = "packet")]
+    flood_inject: String,
 }
 
 /// Runs the bench; exit 0 when every figure is sane, 1 otherwise, 2 on usage errors.
@@ -196,6 +201,14 @@ fn synflood(args: &BenchArgs) -> ExitCode {
     if let Some(c) = args.server_core {
         o.server_core = c;
     }
+    o.inject = match args.flood_inject.as_str() {
+        "packet" => tlsgate_loadgen::synflood::Inject::Packet,
+        "xdp" => tlsgate_loadgen::synflood::Inject::XdpLive,
+        other => {
+            eprintln!("tlsgate: error: --flood-inject must be packet or xdp, not {other:?}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(c) = args.client_cores.first() {
         o.client_core = *c;
     }

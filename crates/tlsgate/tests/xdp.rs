@@ -802,7 +802,7 @@ fn top_syns(stats: &serde_json::Value, start: &str) -> u64 {
 fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    use tlsgate_loadgen::synflood::{Sources, SynFlood};
+    use tlsgate_loadgen::synflood::{Inject, Sources, SynFlood};
 
     let lab = Lab::new("d");
     let fx = Fixture::new();
@@ -837,6 +837,7 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
         duration: Duration::from_secs(20),
         options,
         batch: 64,
+        inject: Inject::Packet,
     };
     let netns = Some(PathBuf::from(format!("/run/netns/{}", lab.cli)));
 

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod abi;
+pub mod flood;
 pub mod gate;
 pub mod metrics;
 pub mod stats;
