@@ -57,11 +57,18 @@ pub struct SynfloodOptions {
     pub client_core: usize,
     /// Handshakes in flight.
     pub concurrency: usize,
-    /// How the flood generator sends in the generator's-maximum cells:
-    /// `AF_PACKET` skbs, or `xdp_frame`s from an XDP program run with
-    /// `BPF_PROG_RUN` (as a NIC would hand frames to XDP; see the loadgen's
-    /// [`Inject`]). Paced cells always use `AF_PACKET`.
+    /// How the flood generator sends, in every cell: `xdp_frame`s from
+    /// an XDP program run with `BPF_PROG_RUN` (the default: the server's
+    /// veth gets frames as a NIC driver hands them over, with XDP headroom
+    /// and no skb, so the kernel path builds its skbs on the server's core
+    /// and the XDP path copies nothing), or `AF_PACKET` skbs (built on the
+    /// generator's core; veth copies each before XDP sees it). See the
+    /// loadgen's [`Inject`].
     pub inject: Inject,
+    /// The steady legitimate load, as a share of the kernel's no-flood
+    /// maximum handshake rate (the talk's setup: the server is not
+    /// CPU-bound by its legitimate traffic, ~40 % busy).
+    pub steady_share: f64,
 }
 
 impl SynfloodOptions {
@@ -98,7 +105,8 @@ impl SynfloodOptions {
             server_core: 0,
             client_core: 1,
             concurrency: 8,
-            inject: Inject::Packet,
+            inject: Inject::XdpLive,
+            steady_share: 0.4,
         }
     }
 }
@@ -119,6 +127,16 @@ pub struct FloodCell {
     pub transfer_mb_per_sec: f64,
     /// Failed legitimate connections in the window.
     pub errors: u64,
+    /// The steady legitimate load's offered rate, handshakes/s (the same in
+    /// every cell: a share of the kernel's no-flood maximum).
+    pub steady_offered: f64,
+    /// Steady load: handshakes (with a 1 KiB GET) completed per second.
+    pub steady_per_sec: f64,
+    /// Steady load: failed or refused (too many in flight) connections.
+    pub steady_errors: u64,
+    /// Steady load: 99th percentile of connect + handshake + GET, ms
+    /// (counted from the scheduled start).
+    pub steady_p99_ms: f64,
     /// The first failure's message.
     pub first_error: Option<String>,
     /// Busy share of the server core over the window.
@@ -141,8 +159,11 @@ pub struct FloodCell {
     /// softirq time (timers: SYN-ACK retransmissions). Unlike the core's
     /// busy share, not inflated by other work on a shared machine.
     pub flood_only_server_cpu: f64,
-    /// Server CPU per flood SYN, µs: `flood_only_server_cpu` above the same
-    /// mode's no-flood cell, divided by the flood rate.
+    /// Frames per second the server's interface received with the flood
+    /// alone (its SYNs, minus what veth dropped on the way).
+    pub flood_only_received: f64,
+    /// Server CPU per SYN received, µs: `flood_only_server_cpu` above the
+    /// same mode's no-flood cell, divided by `flood_only_received`.
     pub cpu_per_syn_us: Option<f64>,
 }
 
@@ -167,6 +188,10 @@ struct Lab {
     cli: String,
     srv_if: String,
     cli_if: String,
+    /// One end of an idle veth pair in the client namespace: the flood
+    /// generator's XDP program is attached there (see
+    /// `SynFlood::xdp_anchor`).
+    anchor_if: String,
 }
 
 impl Lab {
@@ -177,6 +202,7 @@ impl Lab {
             cli: format!("tgbench-c-{id}"),
             srv_if: format!("sfs{id}"),
             cli_if: format!("sfc{id}"),
+            anchor_if: format!("sfa{id}"),
         };
         let (s, c) = (lab.srv.as_str(), lab.cli.as_str());
         sh(&["ip", "netns", "add", s])?;
@@ -222,10 +248,26 @@ impl Lab {
             ])?;
         }
         lab.pin_napi(o)?;
+        sh(&[
+            "ip",
+            "-n",
+            c,
+            "link",
+            "add",
+            &lab.anchor_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("sfb{id}"),
+        ])?;
         sh(&["ip", "-n", s, "route", "add", "10.254.2.0/24", "via", CLI4])?;
-        // The client end needs an XDP program for XDP_TX frames to arrive.
+        // The client end needs an XDP program for XDP_TX frames to arrive;
+        // bench_sink also drops the SYN-ACKs to the spoofed sources there
+        // (a real flood's go out to the Internet, not to the generators'
+        // core).
         let obj = std::env::temp_dir().join(format!("tlsgate-bench-{id}.bpf.o"));
-        std::fs::write(&obj, tlsgate_xdp::OBJECT).map_err(BenchError::io(&obj))?;
+        std::fs::write(&obj, tlsgate_xdp::SINK_OBJECT).map_err(BenchError::io(&obj))?;
         let attached = sh(&[
             "ip",
             "-n",
@@ -240,7 +282,7 @@ impl Lab {
             "sec",
             "xdp",
             "program",
-            "xdp_pass",
+            "bench_sink",
         ]);
         let _ = std::fs::remove_file(&obj);
         attached?;
@@ -254,11 +296,19 @@ impl Lab {
     }
 
     /// Pins the NAPI threads of both ends (again: attaching XDP may make
-    /// new ones).
+    /// new ones) and gives them a real-time priority: a NIC's interrupt
+    /// raises a softirq that runs before any task on that core, whereas a
+    /// NAPI thread under the default policy waits its turn behind tlsgate
+    /// and the generators, milliseconds on a busy core, while veth's
+    /// 256-frame ring overflows (measured: 3/4 of a 100k SYN/s flood
+    /// dropped there, legitimate SYNs among them, at a server core only
+    /// 12 % busy with it).
     fn pin_napi(&self, o: &SynfloodOptions) -> Result<(), BenchError> {
         for (ifname, core) in [(&self.srv_if, o.server_core), (&self.cli_if, o.client_core)] {
             for pid in napi_threads(ifname) {
-                sh(&["taskset", "-pc", &core.to_string(), &pid.to_string()])?;
+                let pid = pid.to_string();
+                sh(&["taskset", "-pc", &core.to_string(), &pid])?;
+                sh(&["chrt", "-f", "-p", "50", &pid])?;
             }
         }
         Ok(())
@@ -300,13 +350,38 @@ impl Drop for Lab {
     }
 }
 
-/// TX drops of an interface in a namespace (`ip -s`): on veth, frames the
-/// peer's full receive ring refused.
+/// Frames an interface in a namespace could not hand to its veth peer
+/// (the peer's receive ring was full): skbs, counted as TX drops (`ip -s`),
+/// and xdp_frames, counted per queue as `xdp_xmit_errors` (`ethtool -S`).
 fn tx_dropped(ns: &str, ifname: &str) -> u64 {
-    sh(&["ip", "-n", ns, "-j", "-s", "link", "show", "dev", ifname])
+    let skbs = sh(&["ip", "-n", ns, "-j", "-s", "link", "show", "dev", ifname])
         .ok()
         .and_then(|out| serde_json::from_str::<serde_json::Value>(&out).ok())
         .and_then(|v| v[0]["stats64"]["tx"]["dropped"].as_u64())
+        .unwrap_or(0);
+    let frames: u64 = sh(&["ip", "netns", "exec", ns, "ethtool", "-S", ifname])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().split_once(':'))
+        .filter(|(k, _)| k.ends_with("xdp_xmit_errors"))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .sum();
+    skbs + frames
+}
+
+/// Frames an interface has received, read from `/proc/PID/net/dev` of a
+/// process in its namespace.
+fn rx_packets(pid: u32, ifname: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/net/dev"))
+        .ok()
+        .and_then(|text| {
+            text.lines().find_map(|l| {
+                l.trim_start()
+                    .strip_prefix(&format!("{ifname}:"))
+                    .map(str::to_owned)
+            })
+        })
+        .and_then(|rest| rest.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
 }
 
@@ -470,6 +545,8 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
     enter(&ns)?;
     let result = (|| {
         let mut cells = Vec::new();
+        // Set by the first cell (the kernel's, without a flood).
+        let mut steady_rate = None;
         for mode in ["kernel", "xdp"] {
             if mode == "xdp" {
                 let out = lab
@@ -502,18 +579,34 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
             let mut idle_cpu = None;
             for rate in &o.rates {
                 let cell = run_cell(
-                    o, &lab, mode, *rate, src_mac, dst_mac, &path, &big, server_pid, idle_cpu,
+                    o,
+                    &lab,
+                    Cell {
+                        mode,
+                        rate: *rate,
+                        idle_cpu,
+                        steady: steady_rate,
+                    },
+                    src_mac,
+                    dst_mac,
+                    (&path, &big),
+                    server_pid,
                 )?;
                 if *rate == Some(0) {
                     idle_cpu = Some(cell.flood_only_server_cpu);
                 }
+                steady_rate = Some(cell.steady_offered);
                 eprintln!(
-                    "synflood {mode:>6} {:>8}: {:>9.0} SYN/s, {:>7.0} handshakes/s, {:>6.0} MB/s, server core {:>5.1} %",
+                    "synflood {mode:>6} {:>8}: {:>9.0} SYN/s, {:>7.0} handshakes/s, {:>6.0} MB/s, steady {:>5.0} of {:.0}/s (p99 {:.1} ms), server core {:>5.1} %, {} µs/SYN",
                     rate.map_or("max".to_string(), |r| r.to_string()),
                     cell.flood_rate,
                     cell.handshakes_per_sec,
                     cell.transfer_mb_per_sec,
-                    cell.server_core_busy * 100.0
+                    cell.steady_per_sec,
+                    cell.steady_offered,
+                    cell.steady_p99_ms,
+                    cell.server_core_busy * 100.0,
+                    cell.cpu_per_syn_us.map_or("–".into(), |v| format!("{v:.2}")),
                 );
                 cells.push(cell);
             }
@@ -527,19 +620,32 @@ pub fn run(o: &SynfloodOptions) -> Result<Vec<FloodCell>, BenchError> {
     result
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What one cell measures.
+struct Cell {
+    mode: &'static str,
+    /// SYN/s, `None` for the generator's maximum.
+    rate: Option<u64>,
+    /// The same mode's server CPU without a flood (its first cell's).
+    idle_cpu: Option<f64>,
+    /// The steady load's rate; `None`: derive it from this cell.
+    steady: Option<f64>,
+}
+
 fn run_cell(
     o: &SynfloodOptions,
     lab: &Lab,
-    mode: &'static str,
-    rate: Option<u64>,
+    cell: Cell,
     src_mac: [u8; 6],
     dst_mac: [u8; 6],
-    path: &str,
-    big: &str,
+    (path, big): (&str, &str),
     server_pid: u32,
-    idle_cpu: Option<f64>,
 ) -> Result<FloodCell, BenchError> {
+    let Cell {
+        mode,
+        rate,
+        idle_cpu,
+        steady,
+    } = cell;
     lab.pin_napi(o)?;
     let stop = Arc::new(AtomicBool::new(false));
     let dropped_before = tx_dropped(&lab.cli, &lab.cli_if);
@@ -548,8 +654,7 @@ fn run_cell(
         warmup: o.window.warmup.min(Duration::from_millis(500)),
         measure: (o.window.measure / 2).max(Duration::from_secs(1)),
     };
-    let total = o.window.warmup
-        + o.window.measure
+    let total = 2 * (o.window.warmup + o.window.measure)
         + transfer_window.warmup
         + transfer_window.measure
         + flood_only
@@ -574,13 +679,14 @@ fn run_cell(
                 count: None,
                 duration: total,
                 options: true,
+                // Not smaller: every BPF_PROG_RUN call registers a page
+                // pool (an XDP memory model id, 65,534 of them), released
+                // only once the frames it sent have all come back, ~1 s
+                // later; thousands of calls a second ran out of ids
+                // (ENOSPC) on 6.18.
                 batch: 64,
-                // XDP injection sends flat out only (see Inject::XdpLive).
-                inject: if rate.is_none() {
-                    o.inject
-                } else {
-                    Inject::Packet
-                },
+                inject: o.inject,
+                xdp_anchor: (o.inject == Inject::XdpLive).then(|| lab.anchor_if.clone()),
             }
             .spawn(None, Some(o.client_core), stop.clone())
             .map_err(|e| BenchError::Other(format!("flood generator: {e}")))?,
@@ -621,14 +727,40 @@ fn run_cell(
         &(),
     )
     .map_or(0.0, |r| r.bytes_per_sec() / 1e6);
-    // The flood alone, for the server's CPU per SYN.
+    // The steady load: a fixed rate of new connections, well below what the
+    // server manages without a flood.
+    let steady_offered = steady
+        .unwrap_or_else(|| {
+            report
+                .as_ref()
+                .map_or(0.0, |r| r.ops_per_sec() * o.steady_share)
+        })
+        .max(1.0);
+    let steady_report = run_handshakes(
+        &HandshakeJob {
+            pacing: Pacing::Open {
+                per_second: steady_offered,
+                max_in_flight: 1024,
+            },
+            ..job.clone()
+        },
+        &(),
+    );
+    let (steady_per_sec, steady_errors, steady_p99_ms) = match &steady_report {
+        Ok(r) => (r.ops_per_sec(), r.error_count(), r.latency.p99_us / 1e3),
+        Err(_) => (0.0, 1, f64::NAN),
+    };
+    // The flood alone, for the server's CPU per SYN received.
     let quiet_start = CoreTicks::now(o.server_core).unwrap_or_default();
     let cpu_start = server_cpu_secs(&sampler.napi, server_pid, o.server_core);
+    let rx_start = rx_packets(server_pid, &lab.srv_if);
     let t0 = Instant::now();
     std::thread::sleep(flood_only);
+    let secs = t0.elapsed().as_secs_f64();
     let flood_only_server_cpu =
-        (server_cpu_secs(&sampler.napi, server_pid, o.server_core) - cpu_start).max(0.0)
-            / t0.elapsed().as_secs_f64();
+        (server_cpu_secs(&sampler.napi, server_pid, o.server_core) - cpu_start).max(0.0) / secs;
+    let flood_only_received =
+        rx_packets(server_pid, &lab.srv_if).saturating_sub(rx_start) as f64 / secs;
     let flood_only_busy = CoreTicks::now(o.server_core)
         .unwrap_or_default()
         .busy_since(&quiet_start);
@@ -656,8 +788,16 @@ fn run_cell(
     let (a, b) = (at.first().unwrap_or(&zero), at.last().unwrap_or(&zero));
     let server_core_busy = b.0.busy_since(&a.0);
     let flood_rate = flood_report.map_or(0.0, |r| r.rate());
-    let cpu_per_syn_us = match (idle_cpu, flood_rate > 0.0) {
-        (Some(idle), true) => Some((flood_only_server_cpu - idle).max(0.0) / flood_rate * 1e6),
+    if let Some(r) = flood_report.filter(|r| r.refused_calls > 0) {
+        eprintln!(
+            "synflood {mode} {rate:?}: the kernel refused {} BPF_PROG_RUN calls (ENOSPC)",
+            r.refused_calls
+        );
+    }
+    let cpu_per_syn_us = match (idle_cpu, flood_rate > 0.0 && flood_only_received > 0.0) {
+        (Some(idle), true) => {
+            Some((flood_only_server_cpu - idle).max(0.0) / flood_only_received * 1e6)
+        }
         _ => None,
     };
     Ok(FloodCell {
@@ -668,6 +808,11 @@ fn run_cell(
         transfer_mb_per_sec: transfer,
         errors: report.error_count(),
         first_error: report.first_error.clone(),
+        steady_offered,
+        steady_per_sec,
+        steady_errors,
+        steady_p99_ms,
+        flood_only_received,
         server_core_busy,
         napi_cpu_secs: (b.2 - a.2).max(0.0),
         client_core_busy: b.1.busy_since(&a.1),
@@ -682,16 +827,20 @@ fn run_cell(
 /// The cells as a Markdown table.
 pub fn markdown(cells: &[FloodCell]) -> String {
     let mut s = String::from(
-        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s | transfer MB/s | errors | server core busy | server NAPI thread (s) | client core busy | veth drops | XDP cookies | server core, flood alone | server CPU, flood alone | server CPU per SYN (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s (saturated) | steady: done/s of offered | steady p99 (ms) | transfer MB/s | errors | server core busy | server NAPI thread (s) | client core busy | veth drops | XDP cookies | flood alone: received/s | server core, flood alone | server CPU, flood alone | server CPU per SYN received (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for c in cells {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {} | {:.1} % | {:.1} % | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} of {:.0} ({} err) | {:.1} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {} | {:.0} | {:.1} % | {:.1} % | {} |",
             c.mode,
             c.target_rate.map_or("max".into(), |r| r.to_string()),
             c.flood_rate,
             c.handshakes_per_sec,
+            c.steady_per_sec,
+            c.steady_offered,
+            c.steady_errors,
+            c.steady_p99_ms,
             c.transfer_mb_per_sec,
             c.errors,
             c.server_core_busy * 100.0,
@@ -699,6 +848,7 @@ pub fn markdown(cells: &[FloodCell]) -> String {
             c.client_core_busy * 100.0,
             c.veth_dropped,
             c.xdp_cookies,
+            c.flood_only_received,
             c.flood_only_busy * 100.0,
             c.flood_only_server_cpu * 100.0,
             c.cpu_per_syn_us.map_or("–".into(), |v| format!("{v:.2}")),
@@ -738,14 +888,32 @@ pub fn plot(cells: &[FloodCell], path: &Path) -> Result<(), BenchError> {
         .y_desc("handshakes/s")
         .draw()
         .map_err(|e| fail(e.to_string()))?;
-    for (mode, color, label) in [
-        ("kernel", RGBColor(0xd6, 0x27, 0x28), "kernel alone"),
-        ("xdp", RGBColor(0x1f, 0x77, 0xb4), "XDP SynGate"),
-    ] {
+    type Figure = fn(&FloodCell) -> f64;
+    let saturated: Figure = |c| c.handshakes_per_sec;
+    let steady: Figure = |c| c.steady_per_sec;
+    // Saturated in the mode's colour, the steady load in a lighter shade.
+    let series = [("saturated", saturated, 1.0), ("steady load", steady, 0.45)]
+        .into_iter()
+        .flat_map(|(what, figure, shade)| {
+            [
+                ("kernel", (0xd6, 0x27, 0x28), "kernel alone"),
+                ("xdp", (0x1f, 0x77, 0xb4), "XDP SynGate"),
+            ]
+            .map(|(mode, (r, g, b), name)| {
+                let mix = |v: u8| (f64::from(v) + (255.0 - f64::from(v)) * (1.0 - shade)) as u8;
+                (
+                    mode,
+                    RGBColor(mix(r), mix(g), mix(b)),
+                    format!("{name}, {what}"),
+                    figure,
+                )
+            })
+        });
+    for (mode, color, label, figure) in series {
         let mut points: Vec<(f64, f64)> = cells
             .iter()
             .filter(|c| c.mode == mode)
-            .map(|c| (c.flood_rate / 1000.0, c.handshakes_per_sec))
+            .map(|c| (c.flood_rate / 1000.0, figure(c)))
             .collect();
         points.sort_by(|a, b| a.0.total_cmp(&b.0));
         chart

@@ -54,6 +54,10 @@ pub struct SynFlood {
     pub batch: usize,
     /// How the frames are sent.
     pub inject: Inject,
+    /// [`Inject::XdpLive`]: an interface without traffic (in the
+    /// generator's namespace) to attach the generator's XDP program to, so
+    /// that each `BPF_PROG_RUN` call is cheap and the flood can be paced.
+    pub xdp_anchor: Option<String>,
 }
 
 /// How the generator puts its frames on the interface.
@@ -66,7 +70,7 @@ pub enum Inject {
     Packet,
     /// An XDP program run with `BPF_PROG_RUN` in live-frame mode that
     /// rewrites a template SYN per frame and transmits it with `XDP_TX`
-    /// (IPv4 only, flat out only): on veth the peer gets `xdp_frame`s
+    /// (IPv4 only; paced only with [`SynFlood::xdp_anchor`]): on veth the peer gets `xdp_frame`s
     /// with XDP headroom, as a NIC driver hands frames to XDP, and the
     /// sender builds no skb. Needs Linux 5.18+.
     XdpLive,
@@ -79,6 +83,9 @@ pub struct FloodReport {
     pub sent: u64,
     /// From the first send to the last.
     pub elapsed: Duration,
+    /// [`Inject::XdpLive`]: calls the kernel refused (`ENOSPC`), their
+    /// frames not sent.
+    pub refused_calls: u64,
 }
 
 impl FloodReport {
@@ -207,10 +214,40 @@ impl SynFlood {
             return self.run_xdp(stop);
         }
         let sock = PacketSocket::open(ifindex(&self.iface)?)?;
+        let mut frames: Vec<Vec<u8>> = vec![Vec::with_capacity(128); self.batch];
+        self.paced(stop, |sent, n| {
+            for (k, f) in frames.iter_mut().take(n).enumerate() {
+                build_syn(self, sent + k as u64, f);
+            }
+            let refs: Vec<&[u8]> = frames.iter().take(n).map(Vec::as_slice).collect();
+            match sock.send_batch(&refs) {
+                Ok(k) => Ok(k),
+                // The device queue is full: try again.
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.raw_os_error() == Some(rustix::io::Errno::NOBUFS.raw_os_error()) =>
+                {
+                    std::thread::yield_now();
+                    Ok(0)
+                }
+                Err(e) => Err(io::Error::new(
+                    e.kind(),
+                    format!("sendmmsg on {}: {e}", self.iface),
+                )),
+            }
+        })
+    }
+
+    /// The send loop: `send(sent so far, n)` sends up to `n` SYNs and says
+    /// how many went; batches are paced to `rate` when there is one.
+    fn paced(
+        &self,
+        stop: &AtomicBool,
+        mut send: impl FnMut(u64, usize) -> io::Result<usize>,
+    ) -> io::Result<FloodReport> {
         let start = Instant::now();
         let deadline = start + self.duration;
         let limit = self.count.unwrap_or(u64::MAX);
-        let mut frames: Vec<Vec<u8>> = vec![Vec::with_capacity(128); self.batch];
         let mut sent = 0u64;
         while sent < limit && !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
@@ -218,8 +255,8 @@ impl SynFlood {
                 break;
             }
             if let Some(rate) = self.rate {
-                // Pace: the next batch is due when the ones sent so far
-                // have had their share of time.
+                // The next batch is due when the ones sent so far have had
+                // their share of time.
                 let due = start + Duration::from_secs_f64(sent as f64 / rate.max(1) as f64);
                 if due > now {
                     let wait = due - now;
@@ -232,37 +269,21 @@ impl SynFlood {
                 }
             }
             let n = (limit - sent).min(self.batch as u64) as usize;
-            for (k, f) in frames.iter_mut().take(n).enumerate() {
-                build_syn(self, sent + k as u64, f);
-            }
-            let refs: Vec<&[u8]> = frames.iter().take(n).map(Vec::as_slice).collect();
-            match sock.send_batch(&refs) {
-                Ok(k) => sent += k as u64,
-                // The device queue is full: try again.
-                Err(e)
-                    if e.kind() == io::ErrorKind::WouldBlock
-                        || e.raw_os_error() == Some(rustix::io::Errno::NOBUFS.raw_os_error()) =>
-                {
-                    std::thread::yield_now()
-                }
-                Err(e) => {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("sendmmsg on {}: {e}", self.iface),
-                    ))
-                }
-            }
+            sent += send(sent, n)? as u64;
         }
         Ok(FloodReport {
             sent,
             elapsed: start.elapsed(),
+            refused_calls: 0,
         })
     }
 
-    /// [`Inject::XdpLive`]: `BPF_PROG_RUN` on a template, flat out only.
-    /// Every call costs tens of milliseconds of set-up and tear-down here
-    /// (~24 ms on the 6.18 developer VM, whatever the frame count), so
-    /// calls are big and a paced flood would come in bursts: refused.
+    /// [`Inject::XdpLive`]: `BPF_PROG_RUN` on a template. Paced in
+    /// batches when the program has an anchor interface
+    /// ([`SynFlood::xdp_anchor`]); without one every call costs tens of
+    /// milliseconds (~25 ms on the 6.18 developer VM, whatever the frame
+    /// count), so calls are big, a paced flood would come in bursts, and
+    /// only flat out is allowed.
     fn run_xdp(&self, stop: &AtomicBool) -> io::Result<FloodReport> {
         let other = |m: String| io::Error::other(m);
         let IpAddr::V4(first) = self.sources.first else {
@@ -271,40 +292,66 @@ impl SynFlood {
                 "the XDP injection mode sends IPv4 SYNs only",
             ));
         };
-        if self.rate.is_some() {
+        if self.rate.is_some() && self.xdp_anchor.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "the XDP injection mode sends flat out only (no rate)",
+                "the XDP injection mode paces only with an anchor interface (xdp_anchor)",
             ));
         }
         let ifindex = ifindex(&self.iface)?;
-        let prog = tlsgate_xdp::flood::FloodProgram::load(first, self.sources.count, 0)
+        let mut prog = tlsgate_xdp::flood::FloodProgram::load(first, self.sources.count, 0)
             .map_err(|e| other(e.to_string()))?;
+        if let Some(anchor) = &self.xdp_anchor {
+            prog.anchor(anchor).map_err(|e| other(e.to_string()))?;
+        }
         let fd = prog.fd().map_err(|e| other(e.to_string()))?;
         let mut template = Vec::with_capacity(128);
         build_syn(self, 0, &mut template);
-        let batch = self.batch.clamp(1, 256) as u64;
-        // ~30-60 ms per call at a few million frames per second.
-        const CHUNK: u64 = 1 << 16;
-        let start = Instant::now();
-        let deadline = start + self.duration;
-        let limit = self.count.unwrap_or(u64::MAX);
-        let mut sent = 0u64;
-        while sent < limit && !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-            let n = (limit - sent).min(CHUNK);
-            tlsgate_sys::packet::xdp_live_run(fd, &template, ifindex, n as u32, batch as u32)
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("{e} on {} ({n} frames, {sent} sent before)", self.iface),
-                    )
-                })?;
-            sent += n;
-        }
-        Ok(FloodReport {
-            sent,
-            elapsed: start.elapsed(),
-        })
+        let batch = self.batch.clamp(1, 256);
+        // Unpaced without an anchor: ~30-60 ms per call at a few million
+        // frames per second.
+        let chunk = if self.xdp_anchor.is_some() {
+            batch
+        } else {
+            1 << 16
+        };
+        let flood = SynFlood {
+            batch: chunk,
+            ..self.clone()
+        };
+        // Calls may be refused with ENOSPC for a while (seen on 6.18 when
+        // the receiving veth turns the frames into skbs); none of that
+        // call's frames count as sent. Refused for two seconds in a row is
+        // an error.
+        let mut refused_since: Option<Instant> = None;
+        let mut refused = 0u64;
+        let mut report = flood.paced(stop, |sent, n| {
+            match tlsgate_sys::packet::xdp_live_run(fd, &template, ifindex, n as u32, batch as u32)
+            {
+                Ok(()) => {
+                    refused_since = None;
+                    Ok(n)
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::StorageFull
+                        && refused_since.is_none_or(|t| t.elapsed() < Duration::from_secs(2)) =>
+                {
+                    refused_since.get_or_insert_with(Instant::now);
+                    refused += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                    Ok(0)
+                }
+                Err(e) => Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{e} on {} ({n} frames, {sent} sent before, {refused} calls refused)",
+                        self.iface
+                    ),
+                )),
+            }
+        })?;
+        report.refused_calls = refused;
+        Ok(report)
     }
 
     /// Runs the flood on a thread of its own, moved first into the network
@@ -361,6 +408,7 @@ mod tests {
             options,
             batch: 8,
             inject: Inject::Packet,
+            xdp_anchor: None,
         }
     }
 
@@ -402,9 +450,10 @@ mod tests {
         assert_eq!(fold(sum16(&f[54..], pseudo)), 0, "TCP checksum");
     }
 
-    /// XDP injection: IPv4 and flat out only, refused before any BPF.
+    /// XDP injection: IPv4 only, paced only with an anchor, refused before
+    /// any BPF.
     #[test]
-    fn xdp_injection_refuses_ipv6_and_pacing() {
+    fn xdp_injection_refuses_ipv6_and_unanchored_pacing() {
         let stop = AtomicBool::new(false);
         let mut s = spec("10.254.1.1:8443", "10.254.2.1", true);
         s.inject = Inject::XdpLive;

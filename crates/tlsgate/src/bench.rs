@@ -47,10 +47,10 @@ pub struct BenchArgs {
     /// tlsgate's kernel-TLS policy: auto, always or never (kTLS kernels only).
     #[arg(long, value_name = "POLICY", default_value = "auto")]
     offload: String,
-    /// synflood: how the generator's-maximum cells send the flood, packet
-    /// (AF_PACKET skbs) or xdp (xdp_frames from BPF_PROG_RUN live frames,
-    /// as a NIC driver hands frames to XDP); paced cells use packet.
-    #[arg(long, value_name = "HOW", default_value = "packet")]
+    /// synflood: how the generator sends the flood, xdp (xdp_frames from
+    /// BPF_PROG_RUN live frames, as a NIC driver hands frames to the
+    /// host) or packet (AF_PACKET skbs, which veth copies before XDP).
+    #[arg(long, value_name = "HOW", default_value = "xdp")]
     flood_inject: String,
 }
 

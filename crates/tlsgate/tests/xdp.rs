@@ -59,6 +59,9 @@ struct Lab {
     cli: String,
     srv_if: String,
     cli_if: String,
+    /// One end of an idle veth pair in the client namespace, for the flood
+    /// generator's XDP program (`SynFlood::xdp_anchor`).
+    anchor_if: String,
     _dir: tempfile::TempDir,
 }
 
@@ -77,6 +80,7 @@ impl Lab {
             // Interface names: at most 15 bytes.
             srv_if: format!("tg{tag}s{}", id % 1_000_000),
             cli_if: format!("tg{tag}c{}", id % 1_000_000),
+            anchor_if: format!("tg{tag}a{}", id % 1_000_000),
             _dir: tempfile::tempdir().unwrap(),
         };
         let (s, c) = (lab.srv.as_str(), lab.cli.as_str());
@@ -123,6 +127,12 @@ impl Lab {
                 "ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off",
             ]);
         }
+        let anchor = format!(
+            "ip -n {c} link add {} type veth peer name tg{tag}b{}",
+            lab.anchor_if,
+            id % 1_000_000
+        );
+        sh(&anchor.split(' ').collect::<Vec<_>>());
         let obj = lab._dir.path().join("syngate.bpf.o");
         std::fs::write(&obj, tlsgate_xdp::OBJECT).unwrap();
         sh(&[
@@ -196,12 +206,21 @@ impl Lab {
         mac
     }
 
-    /// Frames the client end could not hand to the server end (veth counts
-    /// them as the sender's TX drops).
+    /// Frames the client end could not hand to the server end: skbs, which
+    /// veth counts as the sender's TX drops, and xdp_frames (XDP_TX), which
+    /// it counts per queue as `xdp_xmit_errors` (`ethtool -S`).
     fn cli_tx_dropped(&self) -> u64 {
-        Self::link(&self.cli, &self.cli_if)["stats64"]["tx"]["dropped"]
+        let skbs = Self::link(&self.cli, &self.cli_if)["stats64"]["tx"]["dropped"]
             .as_u64()
-            .unwrap()
+            .unwrap();
+        let stats = ok(&mut self.in_cli(&["ethtool", "-S", &self.cli_if]));
+        let frames: u64 = stats
+            .lines()
+            .filter_map(|l| l.trim().split_once(':'))
+            .filter(|(k, _)| k.ends_with("xdp_xmit_errors"))
+            .map(|(_, v)| v.trim().parse::<u64>().unwrap())
+            .sum();
+        skbs + frames
     }
 
     fn stats(&self) -> serde_json::Value {
@@ -823,7 +842,7 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
         "--manage-sysctls",
     ]));
     let dropped_before = lab.cli_tx_dropped();
-    let flood = |target: &str, first: &str, count: u64, options: bool| SynFlood {
+    let flood = |target: &str, first: &str, count: u64, options: bool, inject| SynFlood {
         iface: lab.cli_if.clone(),
         src_mac: Lab::mac(&lab.cli, &lab.cli_if),
         dst_mac: Lab::mac(&lab.srv, &lab.srv_if),
@@ -837,19 +856,44 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
         duration: Duration::from_secs(20),
         options,
         batch: 64,
-        inject: Inject::Packet,
+        inject,
+        xdp_anchor: (inject == Inject::XdpLive).then(|| lab.anchor_if.clone()),
     };
     let netns = Some(PathBuf::from(format!("/run/netns/{}", lab.cli)));
 
-    let mut sent = [0u64; 2];
+    // AF_PACKET over IPv4 and IPv6, then the XDP injection (paced
+    // xdp_frames, as a NIC delivers) over IPv4.
+    let mut sent = [0u64; 3];
     for (k, (spec, check)) in [
         (
-            flood(&format!("{SRV4}:8443"), "10.254.2.1", 100_000, true),
+            flood(
+                &format!("{SRV4}:8443"),
+                "10.254.2.1",
+                100_000,
+                true,
+                Inject::Packet,
+            ),
             format!("https://{SRV4}:8443/big.bin"),
         ),
         (
-            flood(&format!("[{SRV6}]:8443"), "fd00:254:2::1", 40_000, false),
+            flood(
+                &format!("[{SRV6}]:8443"),
+                "fd00:254:2::1",
+                40_000,
+                false,
+                Inject::Packet,
+            ),
             format!("https://[{SRV6}]:8443/big.bin"),
+        ),
+        (
+            flood(
+                &format!("{SRV4}:8443"),
+                "10.254.2.1",
+                100_000,
+                true,
+                Inject::XdpLive,
+            ),
+            format!("https://{SRV4}:8443/big.bin"),
         ),
     ]
     .into_iter()
@@ -886,7 +930,7 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
         assert!(fetched >= 2, "the flood ended before clients could try");
         sent[k] = report.sent;
     }
-    assert_eq!(sent, [100_000, 40_000]);
+    assert_eq!(sent, [100_000, 40_000, 100_000]);
 
     let st = lab.stats();
     let (syns, cookies, passed, errors) = counters(&st);
@@ -902,8 +946,9 @@ fn during_a_spoofed_flood_clients_keep_succeeding_and_counters_match() {
     // Every SYN sent was seen and answered by XDP, but for those veth
     // dropped on the way (its drop count covers the clients' frames too).
     let seen = spoofed[0] + spoofed[1];
+    let total: u64 = sent.iter().sum();
     assert!(
-        seen <= sent[0] + sent[1] && seen + dropped >= sent[0] + sent[1],
+        seen <= total && seen + dropped >= total,
         "sent {sent:?}, seen {spoofed:?}, {dropped} dropped by veth: {st}"
     );
     drop(server);
@@ -951,6 +996,15 @@ fn bench_synflood_quick_reports_every_cell() {
         assert_eq!(flooded, c["flood_rate"].as_f64().unwrap() > 10_000.0, "{c}");
         assert_eq!(xdp, c["xdp_cookies"].as_u64().unwrap() > 0, "{c}");
         assert_eq!(flooded, c["cpu_per_syn_us"].is_number(), "{c}");
+        // The steady load (a share of the kernel's no-flood maximum) was
+        // offered in every cell and served.
+        assert!(c["steady_offered"].as_f64().unwrap() >= 1.0, "{c}");
+        assert!(c["steady_per_sec"].as_f64().unwrap() > 0.0, "{c}");
+        assert_eq!(
+            flooded,
+            c["flood_only_received"].as_f64().unwrap() > 10_000.0,
+            "{c}"
+        );
     }
     let left = sh(&["ip", "netns", "list"]);
     assert!(

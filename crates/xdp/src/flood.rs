@@ -12,7 +12,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use aya::maps::{Array, MapData};
-use aya::programs::{ProgramError, Xdp};
+use aya::programs::{ProgramError, Xdp, XdpFlags};
 use aya::EbpfLoader;
 
 use crate::gate::chain;
@@ -59,6 +59,27 @@ impl FloodProgram {
             .set(0, v, 0)
             .map_err(|e| Error::bpf("write flood_state", chain(&e)))?;
         Ok(FloodProgram { ebpf })
+    }
+
+    /// Attaches the program in generic (skb) mode to `iface`, an interface
+    /// that carries no traffic (e.g. one end of an idle veth pair), until
+    /// this value is dropped. `BPF_PROG_RUN` with more than one frame adds
+    /// the program to the kernel's XDP dispatcher and removes it again, and
+    /// each of those changes waits for an RCU grace period (~25 ms per call
+    /// on the developer VM); a program that is attached somewhere is in
+    /// the dispatcher already, so calls cost tens of microseconds and a
+    /// flood can be paced in small batches.
+    pub fn anchor(&mut self, iface: &str) -> Result<(), Error> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut("synflood_tx")
+            .ok_or_else(|| Error::bpf("find program synflood_tx", "not in the object"))?
+            .try_into()
+            .map_err(|e: ProgramError| Error::bpf("program synflood_tx", chain(&e)))?;
+        // The link belongs to the program, which detaches it when dropped.
+        prog.attach(iface, XdpFlags::SKB_MODE)
+            .map_err(|e| Error::bpf(format!("attach synflood_tx to {iface}"), chain(&e)))?;
+        Ok(())
     }
 
     /// The program's descriptor, for `BPF_PROG_RUN`.
