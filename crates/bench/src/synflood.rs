@@ -143,6 +143,11 @@ pub struct FloodCell {
     pub server_core_busy: f64,
     /// CPU seconds of the server end's NAPI thread in the window.
     pub napi_cpu_secs: f64,
+    /// NET_RX softirqs per second on the server core and on the client
+    /// core in the window (`/proc/softirqs`): with threaded NAPI the
+    /// packets are polled in the NAPI threads instead, so these stay low
+    /// on both, and `napi_cpu_secs` is where the server's share shows.
+    pub net_rx_per_sec: [f64; 2],
     /// Busy share of the client core (the generators').
     pub client_core_busy: f64,
     /// Frames the client end of the veth pair dropped on the way to the
@@ -436,7 +441,27 @@ struct Sampler {
     server_core: usize,
     client_core: usize,
     napi: Vec<u32>,
-    at: std::sync::Mutex<Vec<(CoreTicks, CoreTicks, f64)>>,
+    at: std::sync::Mutex<Vec<Sample>>,
+}
+
+/// The server core, the client core, the server NAPI threads' CPU seconds,
+/// and NET_RX softirqs run on each of the two cores.
+type Sample = (CoreTicks, CoreTicks, f64, [u64; 2]);
+
+/// NET_RX softirqs each core has run so far (`/proc/softirqs`).
+fn net_rx_softirqs(cores: [usize; 2]) -> [u64; 2] {
+    let text = std::fs::read_to_string("/proc/softirqs").unwrap_or_default();
+    let counts: Vec<u64> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("NET_RX:"))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    cores.map(|c| counts.get(c).copied().unwrap_or(0))
 }
 
 impl Sampler {
@@ -445,6 +470,7 @@ impl Sampler {
             CoreTicks::now(self.server_core).unwrap_or_default(),
             CoreTicks::now(self.client_core).unwrap_or_default(),
             self.napi.iter().map(|p| cpu_secs(*p)).sum(),
+            net_rx_softirqs([self.server_core, self.client_core]),
         );
         self.at.lock().unwrap_or_else(|e| e.into_inner()).push(s);
     }
@@ -784,7 +810,7 @@ fn run_cell(
         },
     };
     let at = sampler.at.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let zero = (CoreTicks::default(), CoreTicks::default(), 0.0);
+    let zero = (CoreTicks::default(), CoreTicks::default(), 0.0, [0, 0]);
     let (a, b) = (at.first().unwrap_or(&zero), at.last().unwrap_or(&zero));
     let server_core_busy = b.0.busy_since(&a.0);
     let flood_rate = flood_report.map_or(0.0, |r| r.rate());
@@ -815,6 +841,8 @@ fn run_cell(
         flood_only_received,
         server_core_busy,
         napi_cpu_secs: (b.2 - a.2).max(0.0),
+        net_rx_per_sec: [0, 1]
+            .map(|k| b.3[k].saturating_sub(a.3[k]) as f64 / o.window.measure.as_secs_f64()),
         client_core_busy: b.1.busy_since(&a.1),
         veth_dropped: tx_dropped(&lab.cli, &lab.cli_if).saturating_sub(dropped_before),
         flood_only_busy,
@@ -827,12 +855,12 @@ fn run_cell(
 /// The cells as a Markdown table.
 pub fn markdown(cells: &[FloodCell]) -> String {
     let mut s = String::from(
-        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s (saturated) | steady: done/s of offered | steady p99 (ms) | transfer MB/s | errors | server core busy | server NAPI thread (s) | client core busy | veth drops | XDP cookies | flood alone: received/s | server core, flood alone | server CPU, flood alone | server CPU per SYN received (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| mode | flood asked (SYN/s) | flood sent (SYN/s) | handshakes/s (saturated) | steady: done/s of offered | steady p99 (ms) | transfer MB/s | errors | server core busy | server NAPI thread (s) | NET_RX softirqs/s server / client core | client core busy | veth drops | XDP cookies | flood alone: received/s | server core, flood alone | server CPU, flood alone | server CPU per SYN received (µs) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for c in cells {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.0} | {:.0} of {:.0} ({} err) | {:.1} | {:.0} | {} | {:.1} % | {:.2} | {:.1} % | {} | {} | {:.0} | {:.1} % | {:.1} % | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} of {:.0} ({} err) | {:.1} | {:.0} | {} | {:.1} % | {:.2} | {:.0} / {:.0} | {:.1} % | {} | {} | {:.0} | {:.1} % | {:.1} % | {} |",
             c.mode,
             c.target_rate.map_or("max".into(), |r| r.to_string()),
             c.flood_rate,
@@ -845,6 +873,8 @@ pub fn markdown(cells: &[FloodCell]) -> String {
             c.errors,
             c.server_core_busy * 100.0,
             c.napi_cpu_secs,
+            c.net_rx_per_sec[0],
+            c.net_rx_per_sec[1],
             c.client_core_busy * 100.0,
             c.veth_dropped,
             c.xdp_cookies,
