@@ -90,6 +90,8 @@ impl SynfloodOptions {
                     Some(50_000),
                     Some(100_000),
                     Some(200_000),
+                    Some(400_000),
+                    Some(800_000),
                     None,
                 ],
                 Window {
@@ -705,11 +707,8 @@ fn run_cell(
                 count: None,
                 duration: total,
                 options: true,
-                // Not smaller: every BPF_PROG_RUN call registers a page
-                // pool (an XDP memory model id, 65,534 of them), released
-                // only once the frames it sent have all come back, ~1 s
-                // later; thousands of calls a second ran out of ids
-                // (ENOSPC) on 6.18.
+                // Frames per sendmmsg, or per batch inside a BPF_PROG_RUN
+                // call (which sizes its calls itself: see run_xdp).
                 batch: 64,
                 inject: o.inject,
                 xdp_anchor: (o.inject == Inject::XdpLive).then(|| lab.anchor_if.clone()),

@@ -308,21 +308,23 @@ impl SynFlood {
         let mut template = Vec::with_capacity(128);
         build_syn(self, 0, &mut template);
         let batch = self.batch.clamp(1, 256);
-        // Unpaced without an anchor: ~30-60 ms per call at a few million
-        // frames per second.
-        let chunk = if self.xdp_anchor.is_some() {
-            batch
-        } else {
-            1 << 16
+        // Frames per call. Each call registers a page pool (an XDP memory
+        // model id, 65,534 in all) that is released only when every frame
+        // it sent has come back, a second or more later: thousands of calls
+        // a second run out of ids and the kernel refuses calls (ENOSPC).
+        // So at most ~1,000 calls a second (1 ms of frames each when paced),
+        // and flat out big calls (~15 ms each at a million frames/s;
+        // without an anchor each call also costs ~25 ms of set-up).
+        let chunk = match (self.rate, &self.xdp_anchor) {
+            (Some(rate), Some(_)) => (rate as usize / 1_000).max(batch),
+            _ => 1 << 14,
         };
         let flood = SynFlood {
             batch: chunk,
             ..self.clone()
         };
-        // Calls may be refused with ENOSPC for a while (seen on 6.18 when
-        // the receiving veth turns the frames into skbs); none of that
-        // call's frames count as sent. Refused for two seconds in a row is
-        // an error.
+        // Calls refused with ENOSPC (out of memory model ids, above) send
+        // nothing; refused for two seconds in a row is an error.
         let mut refused_since: Option<Instant> = None;
         let mut refused = 0u64;
         let mut report = flood.paced(stop, |sent, n| {

@@ -52,6 +52,11 @@ pub struct BenchArgs {
     /// host) or packet (AF_PACKET skbs, which veth copies before XDP).
     #[arg(long, value_name = "HOW", default_value = "xdp")]
     flood_inject: String,
+    /// synflood: flood rates in SYN/s, comma-separated, `max` for the
+    /// generator's maximum (default 0,25000,50000,100000,200000,400000,800000,max; the
+    /// first should be 0: the per-SYN CPU is counted above it).
+    #[arg(long, value_delimiter = ',', value_name = "RATES")]
+    flood_rates: Vec<String>,
 }
 
 /// Runs the bench; exit 0 when every figure is sane, 1 otherwise, 2 on usage errors.
@@ -211,6 +216,24 @@ fn synflood(args: &BenchArgs) -> ExitCode {
     };
     if let Some(c) = args.client_cores.first() {
         o.client_core = *c;
+    }
+    if !args.flood_rates.is_empty() {
+        let mut rates = Vec::new();
+        for r in &args.flood_rates {
+            match r.as_str() {
+                "max" => rates.push(None),
+                n => {
+                    match n.parse::<u64>() {
+                        Ok(v) => rates.push(Some(v)),
+                        Err(_) => {
+                            eprintln!("tlsgate: error: --flood-rates: {n:?} is not a rate in SYN/s or max");
+                            return ExitCode::from(2);
+                        }
+                    }
+                }
+            }
+        }
+        o.rates = rates;
     }
     let out = args.out.clone().unwrap_or_else(|| {
         let stamp = time::OffsetDateTime::now_utc()
