@@ -15,6 +15,7 @@ mod http;
 mod keys;
 mod limiter;
 mod privileges;
+mod refusals;
 mod tickets;
 mod transport;
 mod worker;
@@ -88,6 +89,8 @@ pub struct Shared {
     limiter: Arc<ConnLimiter>,
     /// Handshake flood limits.
     handshakes: Arc<HandshakeLimiter>,
+    /// Rate-limited warnings about connections the limits refused.
+    refusals: refusals::RefusalWarnings,
     /// Access log writer.
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
@@ -238,6 +241,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         metrics,
         limiter: Arc::new(ConnLimiter::default()),
         handshakes: Arc::new(HandshakeLimiter::default()),
+        refusals: refusals::RefusalWarnings::default(),
         access_log,
         shutdown,
         ktls,

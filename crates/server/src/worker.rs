@@ -123,6 +123,7 @@ async fn accept_loop(
                     .connections_rejected
                     .get_or_create(&ReasonLabel { reason })
                     .inc();
+                shared.refusals.refused(peer.ip(), reason);
             }
         }
     }

@@ -150,6 +150,20 @@ fn a_flooding_source_is_throttled_while_another_is_served() {
         text.contains("tlsgate_handshake_sources_tracked 2\n"),
         "{text}"
     );
+    // The operator is told, once per 10 s however many were refused: the
+    // source, the key and how to raise it.
+    let log = s.log();
+    let warnings = log
+        .matches("connections refused before their handshake by [limits] handshake_rate_per_source")
+        .count();
+    assert!(
+        (1..=1 + (elapsed / 10.0) as usize).contains(&warnings),
+        "{warnings} warnings for {refused} refusals in {elapsed:.1} s:\n{log}"
+    );
+    assert!(
+        log.contains("this one from 127.0.0.2") && log.contains("set it to 0 (off)"),
+        "{log}"
+    );
     // The flooder's bucket refills: after a quiet second it is served again.
     std::thread::sleep(Duration::from_secs(1));
     get_hello_from("127.0.0.2", addr, &config);
@@ -167,6 +181,10 @@ fn silent_connections_are_capped_per_source() {
     let mut fifth = connect_from("127.0.0.2", s.addr).unwrap();
     assert!(closed_within(&mut fifth, Duration::from_secs(2)));
     assert_eq!(rejected(&s, "max_handshakes_per_source"), 2.0);
+    s.wait_log(
+        "refused before their handshake by [limits] max_handshakes_per_source",
+        Duration::from_secs(5),
+    );
     // Another source is not affected.
     get_hello_from("127.0.0.1", s.addr, &config);
     // One silent connection gone frees its slot.
