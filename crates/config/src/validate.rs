@@ -302,6 +302,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
     }
 
     let xdp = crate::xdp::validate(&c, f.xdp.as_ref(), &listeners)?;
+    let http2 = crate::http2::validate(&c, &f.http2)?;
     Ok(Config {
         origin: origin.to_string(),
         workers,
@@ -319,6 +320,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         access_log,
         listeners,
         xdp,
+        http2,
     })
 }
 
@@ -557,6 +559,7 @@ fn validate_listener(
         Certificates::Files(files)
     };
     let offload = validate_offload(c, &key_path, ls)?;
+    let alpn = crate::http2::validate_alpn(c, &format!("{key_path}.alpn"), ls.alpn.as_deref())?;
     Ok(Listener {
         key_path,
         addrs,
@@ -566,6 +569,7 @@ fn validate_listener(
         client_auth,
         certificates,
         offload,
+        alpn,
     })
 }
 
