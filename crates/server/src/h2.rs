@@ -257,25 +257,18 @@ async fn serve_stream(
     };
     let is_head = method == Method::Head;
 
-    let reply = if !path.starts_with(b"/") {
-        // `OPTIONS *` and authority-form targets are not served here.
-        if matches!(method, Method::Get | Method::Head) {
-            Reply::text(400)
-        } else {
-            decide_without_lookup(&method)
-        }
-    } else if !body.is_end_stream() && matches!(method, Method::Get | Method::Head) {
-        // A GET with a body: read and discarded within the body limits.
-        match drain(body, cx).await {
-            Ok(()) => decide(cx, &request(&method, &parts.uri, path, &conditionals)),
-            Err(status) => Reply::text(status),
-        }
+    // A body is read (and discarded) within the body limits whatever the
+    // method, so that h2 checks it: content-length against the DATA
+    // received, trailers without pseudo-headers (RFC 9113 §8.1.1).
+    let refused = if body.is_end_stream() {
+        None
     } else {
-        // Other methods are refused without reading their body: h2
-        // resets the rest of the stream once the response is complete.
-        decide(cx, &request(&method, &parts.uri, path, &conditionals))
+        drain(body, cx).await.err().map(Reply::text)
     };
-
+    // `OPTIONS *` gets 405 like any other method; a GET whose `:path`
+    // does not start with `/` gets 400 from the core.
+    let reply =
+        refused.unwrap_or_else(|| decide(cx, &request(&method, &parts.uri, path, &conditionals)));
     let status = reply.status();
     let body_len = if is_head { 0 } else { reply.body_len() };
     let mut head = Response::new(());
@@ -350,19 +343,9 @@ fn request<'a>(
     }
 }
 
-/// 405 or 501 for a method the document root does not serve.
-fn decide_without_lookup(method: &Method) -> Reply {
-    match method {
-        Method::Other(_) => Reply::text(501),
-        _ => Reply::Text {
-            status: 405,
-            extra: Some(("Allow", b"GET, HEAD".to_vec())),
-        },
-    }
-}
-
-/// Reads and discards a request body within `max_body_bytes` and
-/// `body_timeout`, giving the window back as it goes. `Err(status)`.
+/// Reads and discards a request body and its trailers within
+/// `max_body_bytes` and `body_timeout`, giving the window back as it goes.
+/// `Err(status)`; a body h2 found malformed has had its stream reset.
 async fn drain(mut body: RecvStream, cx: &HttpCtx<'_>) -> Result<(), u16> {
     let limits = &cx.gen.config.limits;
     let mut total: u64 = 0;
@@ -375,7 +358,7 @@ async fn drain(mut body: RecvStream, cx: &HttpCtx<'_>) -> Result<(), u16> {
                 return Err(413);
             }
         }
-        Ok(())
+        body.trailers().await.map(|_| ()).map_err(|_| 400)
     };
     tokio::time::timeout(limits.body_timeout, read)
         .await
