@@ -333,7 +333,7 @@ impl Default for Http2Section {
             initial_connection_window_size: 1 << 20,
             max_frame_size: 16_384,
             max_header_list_size: 32 * 1024,
-            max_header_frames: 16,
+            max_header_frames: 4,
             max_send_buffer_size: 64 * 1024,
             max_pending_accept_reset_streams: 20,
             max_local_error_reset_streams: 128,

@@ -123,7 +123,8 @@ pub(crate) async fn handle(
     if h2 {
         // HTTP/2 keeps the record layer in user space: h2 owns the byte
         // stream, and sendfile cannot frame DATA.
-        crate::h2::serve(conn, &cx).await;
+        let mut conn = conn;
+        crate::h2::serve(&mut conn, &cx).await;
         return;
     }
     let offload = gen

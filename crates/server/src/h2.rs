@@ -42,10 +42,31 @@ const PROTOCOL: &str = "h2";
 const STALL_CHECK: Duration = Duration::from_secs(1);
 /// How long a connection that is being closed may take to send its GOAWAY.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long a connection cut off keeps draining the client's bytes.
+const LINGER: Duration = Duration::from_secs(2);
 
 /// Serves HTTP/2 on `conn` until the client leaves, a limit or timeout
 /// ends the connection, or shutdown. Never panics on client input.
-pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
+pub(crate) async fn serve(conn: &mut TlsConnection, cx: &HttpCtx<'_>) {
+    if serve_connection(conn, cx).await == End::CutOff {
+        // The GOAWAY is on its way: what the client still sends is read
+        // and dropped for a while, so that closing does not turn into a
+        // reset that destroys the GOAWAY in the client's receive buffer.
+        let _ = tokio::time::timeout(CLOSE_GRACE, conn.close()).await;
+        crate::transport::linger_socket(conn.socket(), LINGER).await;
+    }
+}
+
+/// How a connection's HTTP/2 loop ended.
+#[derive(PartialEq, Eq)]
+enum End {
+    /// The client left, or GOAWAY was exchanged.
+    Done,
+    /// The server ended it for a limit or an error of the client's.
+    CutOff,
+}
+
+async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     let m = &cx.shared.metrics;
     let limits = &cx.gen.config.limits;
     let h2c = &cx.gen.config.http2;
@@ -71,13 +92,13 @@ pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
         Ok(Err(e)) => {
             tracing::debug!(peer = %cx.peer, "HTTP/2 preface failed: {e}");
             m.count_h2_rejected(error_reason(&e));
-            return;
+            return End::CutOff;
         }
         Err(_) => {
             m.timeouts
                 .get_or_create(&ReasonLabel { reason: "header" })
                 .inc();
-            return;
+            return End::CutOff;
         }
     };
 
@@ -91,6 +112,7 @@ pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
     }
     // When a connection being closed for a limit must be gone.
     let mut hard_deadline: Option<tokio::time::Instant> = None;
+    let mut end = End::Done;
     let idle = tokio::time::sleep(h2c.idle_timeout);
     tokio::pin!(idle);
     let mut stall_check = tokio::time::interval(STALL_CHECK);
@@ -114,6 +136,7 @@ pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
                     if !is_client_gone(&e) {
                         tracing::debug!(peer = %cx.peer, "HTTP/2 connection error: {e}");
                         m.count_h2_rejected(error_reason(&e));
+                        end = End::CutOff;
                     }
                     break;
                 }
@@ -132,6 +155,7 @@ pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
                 // What the client had open is abandoned with it.
                 streams.clear();
                 hard_deadline = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                end = End::CutOff;
             }
             r = shutdown.changed(), if !draining => {
                 if r.is_err() || *shutdown.borrow() {
@@ -146,10 +170,11 @@ pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
                 // A client that reads nothing does not even take the GOAWAY.
                 hard_deadline = Some(tokio::time::Instant::now() + limits.send_timeout);
             }
-            _ = stall_check.tick(), if !streams.is_empty() => {
+            _ = stall_check.tick(), if !streams.is_empty() || alarm.blocked_since().is_some() => {
                 if alarm.blocked_since().is_some_and(|t| t.elapsed() >= limits.send_timeout) {
                     m.timeouts.get_or_create(&ReasonLabel { reason: "send" }).inc();
-                    break;
+                    // Nothing more can be sent: no GOAWAY, no linger.
+                    return End::Done;
                 }
             }
             () = tokio::time::sleep_until(deadline), if hard_deadline.is_some() => break,
@@ -161,6 +186,7 @@ pub(crate) async fn serve(conn: TlsConnection, cx: &HttpCtx<'_>) {
         while streams.next().await.is_some() {}
     })
     .await;
+    end
 }
 
 /// A connection ended by the client going away is no error of theirs to count.

@@ -216,7 +216,7 @@ impl FrameReader {
 
 /// The TLS connection as h2's I/O, with the frame accounting.
 pub(super) struct GuardedIo<'a> {
-    conn: TlsConnection,
+    conn: &'a mut TlsConnection,
     frames: FrameReader,
     alarm: &'a Alarm,
     /// Sent bytes not yet turned into control-frame credit.
@@ -224,7 +224,7 @@ pub(super) struct GuardedIo<'a> {
 }
 
 impl<'a> GuardedIo<'a> {
-    pub fn new(conn: TlsConnection, limits: &Http2, alarm: &'a Alarm) -> Self {
+    pub fn new(conn: &'a mut TlsConnection, limits: &Http2, alarm: &'a Alarm) -> Self {
         Self {
             conn,
             frames: FrameReader::new(limits, Instant::now()),
@@ -264,11 +264,15 @@ impl AsyncRead for GuardedIo<'_> {
             return Poll::Pending;
         }
         let before = buf.filled().len();
-        let r = Pin::new(&mut this.conn).poll_read(cx, buf);
+        let r = Pin::new(&mut *this.conn).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             let got = buf.filled().get(before..).unwrap_or_default();
             if let Err(reason) = this.frames.observe(got, Instant::now()) {
+                // h2 never sees the read that passed a limit; the alarm
+                // wakes the connection loop, which ends the connection.
+                buf.set_filled(before);
                 this.alarm.trip(reason);
+                return Poll::Pending;
             }
         }
         r
@@ -290,7 +294,7 @@ impl AsyncWrite for GuardedIo<'_> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.conn).poll_write_vectored(cx, bufs);
+        let r = Pin::new(&mut *this.conn).poll_write_vectored(cx, bufs);
         this.wrote(&r);
         r
     }
@@ -301,13 +305,13 @@ impl AsyncWrite for GuardedIo<'_> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut this.conn).poll_flush(cx);
+        let r = Pin::new(&mut *this.conn).poll_flush(cx);
         this.alarm.set_blocked(r.is_pending());
         r
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().conn).poll_shutdown(cx)
+        Pin::new(&mut *self.get_mut().conn).poll_shutdown(cx)
     }
 }
 
