@@ -396,6 +396,12 @@ mod tests {
             r.observe(&frame(frame::PING, 0, &[0; 8]), now),
             Err("ping_flood")
         );
+        // A tripped reader is done with; a new one, its bucket emptied.
+        let mut r = FrameReader::new(&limits(), now);
+        r.observe(&[0; PREFACE_LEN], now).unwrap();
+        for _ in 0..5 {
+            r.observe(&frame(frame::SETTINGS, 0, &[]), now).unwrap();
+        }
         r.control.credit(1);
         r.observe(&frame(frame::WINDOW_UPDATE, 0, &[0, 0, 1, 0]), now)
             .unwrap();
@@ -403,14 +409,14 @@ mod tests {
         let later = now + std::time::Duration::from_secs(2);
         r.observe(&frame(frame::DATA, 0, &[]), later).unwrap();
         r.observe(&frame(frame::DATA, 0, &[]), later).unwrap();
-        assert_eq!(
-            r.observe(&frame(frame::DATA, 0, &[]), later),
-            Err("empty_frame_flood")
-        );
         // A DATA frame with a body, or that ends the stream, is not charged.
         r.observe(&frame(frame::DATA, frame::END_STREAM, &[]), later)
             .unwrap();
         r.observe(&frame(frame::DATA, 0, &[1, 2, 3]), later)
             .unwrap();
+        assert_eq!(
+            r.observe(&frame(frame::DATA, 0, &[]), later),
+            Err("empty_frame_flood")
+        );
     }
 }
