@@ -26,6 +26,8 @@ pub struct ConfigFile {
     pub listeners: Vec<ListenerSection>,
     /// SYN cookies answered from XDP (SynGate); off without the table.
     pub xdp: Option<XdpSection>,
+    /// HTTP/2 limits, for every listener that offers `h2`.
+    pub http2: Http2Section,
 }
 
 /// `[server]`
@@ -257,6 +259,10 @@ pub struct ListenerSection {
     /// (`TLS_TX_ZEROCOPY_RO`). Only for roots whose files never change
     /// while served: a retransmitted record would carry other bytes.
     pub offload_zerocopy: bool,
+    /// Application protocols offered in ALPN, in the server's order of
+    /// preference: "h2" and/or "http/1.1"; default ["h2", "http/1.1"]. A
+    /// client that sends no ALPN gets HTTP/1.1.
+    pub alpn: Option<Vec<String>>,
     /// Certificates chosen by SNI.
     #[serde(rename = "certificate")]
     pub certificates: Vec<CertificateSection>,
@@ -278,6 +284,66 @@ pub struct CertificateSection {
     pub client_auth: Option<String>,
     /// CA bundle for this entry's client certificates; default: the listener's.
     pub client_ca: Option<PathBuf>,
+}
+
+/// `[http2]`: limits of HTTP/2 connections (RFC 9113), shared by every
+/// listener that offers `h2`. The timeouts of `[limits]` apply too:
+/// `header_timeout` to the connection preface, `send_timeout` to every
+/// wait for a slow reader (per stream and per connection).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http2Section {
+    /// Streams a client may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_concurrent_streams: u32,
+    /// Receive window of each stream announced to clients (request bodies).
+    pub initial_window_size: u32,
+    /// Receive window of the whole connection.
+    pub initial_connection_window_size: u32,
+    /// Largest frame payload accepted (SETTINGS_MAX_FRAME_SIZE).
+    pub max_frame_size: u32,
+    /// Largest decoded header list of a request (SETTINGS_MAX_HEADER_LIST_SIZE).
+    pub max_header_list_size: u32,
+    /// HEADERS plus CONTINUATION frames allowed in one header block.
+    pub max_header_frames: u32,
+    /// Response bytes buffered per stream before waiting for the client.
+    pub max_send_buffer_size: u32,
+    /// Streams reset by the client before they were served, held at once.
+    pub max_pending_accept_reset_streams: usize,
+    /// Streams the server had to reset for the client's protocol errors.
+    pub max_local_error_reset_streams: usize,
+    /// Streams a client may reset (RST_STREAM) per second, per connection.
+    pub resets_per_second: u32,
+    /// Resets allowed at once after a quiet period.
+    pub reset_burst: u32,
+    /// PING, SETTINGS, PRIORITY, WINDOW_UPDATE and empty DATA frames a
+    /// client may send per second, per connection (plus one per KiB sent).
+    pub control_frames_per_second: u32,
+    /// Such frames allowed at once after a quiet period.
+    pub control_frame_burst: u32,
+    /// A connection with no open stream for this long is closed (GOAWAY).
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for Http2Section {
+    fn default() -> Self {
+        Self {
+            max_concurrent_streams: 128,
+            initial_window_size: 65_535,
+            initial_connection_window_size: 1 << 20,
+            max_frame_size: 16_384,
+            max_header_list_size: 32 * 1024,
+            max_header_frames: 4,
+            max_send_buffer_size: 64 * 1024,
+            max_pending_accept_reset_streams: 20,
+            max_local_error_reset_streams: 128,
+            resets_per_second: 100,
+            reset_burst: 400,
+            control_frames_per_second: 1000,
+            control_frame_burst: 2000,
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// `[xdp]`: SYN cookies answered from XDP for the TLS listeners' ports

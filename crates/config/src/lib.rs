@@ -11,9 +11,11 @@
 
 pub mod file;
 mod handshake;
+mod http2;
 mod validate;
 mod xdp;
 
+pub use http2::{Alpn, FrameRate, Http2};
 pub use xdp::{Xdp, XdpMode};
 
 use std::fmt;
@@ -90,6 +92,8 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// XDP SynGate, when `[xdp]` is present.
     pub xdp: Option<Xdp>,
+    /// HTTP/2 limits.
+    pub http2: Http2,
 }
 
 /// Whom the network-facing process runs as once its sockets are bound.
@@ -448,6 +452,8 @@ pub struct Listener {
     pub certificates: Certificates,
     /// Kernel TLS.
     pub offload: Offload,
+    /// ALPN protocols in the server's order of preference (non-empty).
+    pub alpn: Vec<Alpn>,
 }
 
 /// Reads a config file's text, for messages that need it.

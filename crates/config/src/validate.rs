@@ -260,6 +260,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         handshake: crate::handshake::validate(&c, l)?,
     };
 
+    let http2 = crate::http2::validate(&c, &f.http2)?;
     let tls = validate_tls(&c, &f)?;
     let access_log = AccessLog {
         target: match f.access_log.target.as_str() {
@@ -319,6 +320,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         access_log,
         listeners,
         xdp,
+        http2,
     })
 }
 
@@ -557,6 +559,7 @@ fn validate_listener(
         Certificates::Files(files)
     };
     let offload = validate_offload(c, &key_path, ls)?;
+    let alpn = crate::http2::validate_alpn(c, &format!("{key_path}.alpn"), ls.alpn.as_deref())?;
     Ok(Listener {
         key_path,
         addrs,
@@ -566,6 +569,7 @@ fn validate_listener(
         client_auth,
         certificates,
         offload,
+        alpn,
     })
 }
 
@@ -794,6 +798,24 @@ names = ["example.com", "*.example.com"]
         )
         .unwrap();
         assert_eq!(c.listeners[0].offload.policy, OffloadPolicy::Auto);
+        // The example shows the defaults.
+        let dir = tempfile::tempdir().unwrap();
+        let builtin = load(None, &Overrides::default(), dir.path()).unwrap();
+        assert_eq!(c.http2, builtin.http2);
+        assert_eq!(c.listeners[0].alpn, builtin.listeners[0].alpn);
+        assert_eq!(
+            c.listeners[0].alpn,
+            vec![crate::Alpn::H2, crate::Alpn::Http11]
+        );
+    }
+
+    #[test]
+    fn alpn_keeps_the_order_given() {
+        let c = load_text("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nalpn = [\"http/1.1\", \"h2\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap();
+        assert_eq!(
+            c.listeners[0].alpn,
+            vec![crate::Alpn::Http11, crate::Alpn::H2]
+        );
     }
 
     #[test]
@@ -836,6 +858,15 @@ names = ["example.com", "*.example.com"]
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"c.pem\"\n", "listener[0].certificate[0].client_ca", "client_auth is \"none\""),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\nnames = [\"a.test\"]\nclient_auth = \"required\"\nclient_ca = \"c.pem\"\n", "listener[0].certificate[1].client_auth", "listener[0].certificate[0] serves the same names"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload = \"sometimes\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload", "\"auto\", \"always\" or \"never\""),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nalpn = [\"h2c\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].alpn", "no \"h2c\""),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nalpn = []\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].alpn", "at least one"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nalpn = [\"h2\", \"h2\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].alpn", "twice"),
+            ("[http2]\nmax_concurrent_streams = 0\n", "http2.max_concurrent_streams", "from 1 to 10000"),
+            ("[http2]\nmax_frame_size = 16383\n", "http2.max_frame_size", "from 16384"),
+            ("[http2]\ninitial_window_size = 2147483648\n", "http2.initial_window_size", "2147483647"),
+            ("[http2]\nreset_burst = 0\n", "http2.reset_burst", "from 1 to"),
+            ("[http2]\nidle_timeout = \"0s\"\n", "http2.idle_timeout", "greater than zero"),
+            ("[http2]\nmax_streams = 5\n", "http2.max_streams", "unknown field"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
         ];
         for (text, key, needle) in cases {

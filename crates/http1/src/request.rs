@@ -81,8 +81,9 @@ impl Method {
         }
     }
 
-    /// `token` must already be validated as a token (hence ASCII).
-    fn from_token(token: &[u8]) -> Self {
+    /// The method named by `token`, which must already be validated as a
+    /// token (hence ASCII), as HTTP/2's `:method` is by the `h2` crate.
+    pub fn from_token(token: &[u8]) -> Self {
         match token {
             b"GET" => Self::Get,
             b"HEAD" => Self::Head,

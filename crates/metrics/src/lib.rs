@@ -37,11 +37,20 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
-/// The status class of a response.
+/// The status class of a response and the protocol it went out in.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabel {
     /// "1xx" … "5xx".
     pub class: &'static str,
+    /// "http/1.1" or "h2".
+    pub protocol: &'static str,
+}
+
+/// An application protocol (as negotiated by ALPN).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabel {
+    /// "http/1.1" or "h2".
+    pub protocol: &'static str,
 }
 
 /// A reload outcome.
@@ -148,6 +157,15 @@ pub struct Metrics {
     pub body_bytes: Family<PathLabel, Counter>,
     /// The kernel's kTLS counters (`/proc/net/tls_stat`; set when read).
     pub kernel_tls: Family<CounterLabel, Gauge>,
+    /// Connections by the application protocol they speak.
+    pub protocol_connections: Family<ProtocolLabel, Counter>,
+    /// HTTP/2 streams open (being served).
+    pub h2_streams_open: Gauge,
+    /// HTTP/2 streams opened by clients.
+    pub h2_streams: Counter,
+    /// HTTP/2 connections ended by an error or a limit, and streams
+    /// reset by the server, by reason.
+    pub h2_rejected: Family<ReasonLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -192,6 +210,10 @@ impl Metrics {
             ktls_closed: Family::default(),
             body_bytes: Family::default(),
             kernel_tls: Family::default(),
+            protocol_connections: Family::default(),
+            h2_streams_open: Gauge::default(),
+            h2_streams: Counter::default(),
+            h2_rejected: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -336,6 +358,26 @@ impl Metrics {
             "The kernel's kTLS counters from /proc/net/tls_stat",
             m.kernel_tls.clone(),
         );
+        r.register(
+            "protocol_connections",
+            "Client connections by application protocol (ALPN)",
+            m.protocol_connections.clone(),
+        );
+        r.register(
+            "h2_streams_open",
+            "HTTP/2 streams being served",
+            m.h2_streams_open.clone(),
+        );
+        r.register(
+            "h2_streams",
+            "HTTP/2 streams opened by clients",
+            m.h2_streams.clone(),
+        );
+        r.register(
+            "h2_rejected",
+            "HTTP/2 connections ended by an error or a limit, and streams reset by the server, by reason",
+            m.h2_rejected.clone(),
+        );
         m
     }
 
@@ -346,8 +388,8 @@ impl Metrics {
             .inc_by(bytes);
     }
 
-    /// Counts a response.
-    pub fn count_status(&self, status: u16) {
+    /// Counts a response sent in `protocol` ("http/1.1" or "h2").
+    pub fn count_status(&self, protocol: &'static str, status: u16) {
         let class = match status {
             100..=199 => "1xx",
             200..=299 => "2xx",
@@ -355,7 +397,16 @@ impl Metrics {
             400..=499 => "4xx",
             _ => "5xx",
         };
-        self.requests.get_or_create(&StatusLabel { class }).inc();
+        self.requests
+            .get_or_create(&StatusLabel { class, protocol })
+            .inc();
+    }
+
+    /// Counts an HTTP/2 connection or stream ended by `reason`.
+    pub fn count_h2_rejected(&self, reason: &'static str) {
+        self.h2_rejected
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     /// Adds metrics read at every scrape by `collector` (XDP SynGate's
@@ -389,12 +440,12 @@ mod tests {
                 resumed: "false",
             })
             .inc();
-        m.count_status(404);
+        m.count_status("h2", 404);
         m.handshake_seconds.observe(0.001);
         let text = m.render();
         assert!(text.contains(r#"tlsgate_handshakes_total{version="TLSv1.3",cipher="TLS13_AES_128_GCM_SHA256",group="X25519",resumed="false"} 1"#), "{text}");
         assert!(
-            text.contains(r#"tlsgate_requests_total{class="4xx"} 1"#),
+            text.contains(r#"tlsgate_requests_total{class="4xx",protocol="h2"} 1"#),
             "{text}"
         );
         assert!(text.contains("tlsgate_handshake_seconds_count 1"), "{text}");

@@ -10,8 +10,9 @@ use tlsgate_tls::rustls::{HandshakeKind, ProtocolVersion};
 use tokio::net::TcpStream;
 
 use crate::flood::HandshakeSlot;
-use crate::http::{self, HttpCtx};
+use crate::http;
 use crate::limiter::Permit;
+use crate::respond::HttpCtx;
 use crate::transport::TlsClient;
 use crate::Shared;
 
@@ -104,6 +105,11 @@ pub(crate) async fn handle(
             },
         })
         .inc();
+    let h2 = tls.alpn_protocol() == Some(tlsgate_config::Alpn::H2.id().as_bytes());
+    let protocol = if h2 { "h2" } else { "http/1.1" };
+    m.protocol_connections
+        .get_or_create(&tlsgate_metrics::ProtocolLabel { protocol })
+        .inc();
     let mut cx = HttpCtx {
         gen: &gen,
         site,
@@ -114,6 +120,13 @@ pub(crate) async fn handle(
         tls_version: Some(version),
         client: tlsgate_tls::ClientIdentity::of(tls),
     };
+    if h2 {
+        // HTTP/2 keeps the record layer in user space: h2 owns the byte
+        // stream, and sendfile cannot frame DATA.
+        let mut conn = conn;
+        crate::h2::serve(&mut conn, &cx).await;
+        return;
+    }
     let offload = gen
         .config
         .listeners

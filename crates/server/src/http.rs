@@ -2,23 +2,19 @@
 //! drain request bodies within limits, answer from the document root, keep
 //! pipelined responses in order, and close cleanly.
 
-use std::cell::RefCell;
-use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant, SystemTime};
 
-use tlsgate_files::{select, Found, Preconditions, Selection, StaticFile};
+use tlsgate_files::Preconditions;
 use tlsgate_http1::{
-    end_head, parse_request, reason_phrase, write_header, write_header_u64, write_status_line,
-    BodyFraming, ChunkedDecoder, Limits, Method, RequestHead, Version,
+    end_head, parse_request, write_header, write_status_line, BodyFraming, ChunkedDecoder, Limits,
+    Method, RequestHead, Version,
 };
-use tokio::sync::watch;
 use tokio::time::timeout_at;
 
-use crate::access_log::{self, Record};
-use crate::generation::{Generation, Site};
+pub(crate) use crate::respond::HttpCtx;
+use crate::respond::{self, decide, Logged, Reply, Request};
 use crate::transport::Transport;
-use crate::Shared;
 
 /// Bodies up to this size are copied after the head into one write; larger
 /// ones are streamed (`sendfile` under kernel TLS). The cost model
@@ -33,18 +29,8 @@ const READ_CHUNK: usize = 16 * 1024;
 /// How long a closing connection keeps draining the client's bytes.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// Everything a connection's HTTP loop needs to know.
-pub(crate) struct HttpCtx<'a> {
-    pub gen: &'a Generation,
-    pub site: &'a Site,
-    pub shared: &'a Shared,
-    pub peer: SocketAddr,
-    pub shutdown: watch::Receiver<bool>,
-    pub sni: Option<String>,
-    pub tls_version: Option<&'static str>,
-    /// The verified client certificate's identity (mutual TLS), if any.
-    pub client: Option<tlsgate_tls::ClientIdentity>,
-}
+/// The protocol label of this module's requests in the metrics.
+const PROTOCOL: &str = "http/1.1";
 
 /// How a connection ended; for the timeout metrics.
 enum End {
@@ -162,7 +148,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                             Ok(_) => return End::Done,
                             Err(_) => {
                                 // RFC 9110 408, then close.
-                                simple(&mut out, cx, 408, false, false, false, &[]);
+                                simple(&mut out, cx, 408, false, false, false);
                                 let _ = send(io, &mut out, cx).await;
                                 close(io).await;
                                 return End::Timeout("header");
@@ -203,7 +189,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 let status = e.status();
                 tracing::debug!(peer = %cx.peer, "bad request: {e}");
                 let t0 = Instant::now();
-                let bytes = simple(&mut out, cx, status, false, false, false, &[]);
+                let bytes = simple(&mut out, cx, status, false, false, false);
                 log_request(
                     cx,
                     io.offloaded(),
@@ -261,7 +247,6 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                     false,
                     false,
                     head.method() == &Method::Head,
-                    &[],
                 ),
             },
             None => match respond(io, cx, &head, &mut out, &mut scratch, keep_alive).await {
@@ -367,37 +352,25 @@ async fn drain_chunked<T: Transport>(
     }
 }
 
-thread_local! {
-    /// The `Date` header value, rebuilt at most once a second per worker.
-    static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
-}
-
-fn write_date(out: &mut Vec<u8>) {
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.0 != secs {
-            *d = (secs, httpdate::fmt_http_date(now));
-        }
-        write_header(out, "Date", d.1.as_bytes());
-    });
-}
-
-/// Status line and the headers every response carries.
-fn common_head(out: &mut Vec<u8>, cx: &HttpCtx<'_>, status: u16, keep_alive: bool, http10: bool) {
-    write_status_line(out, status);
-    write_date(out);
-    if let Some(server) = &cx.gen.config.server_header {
-        write_header(out, "Server", server.as_bytes());
-    }
+/// Writes `reply`'s head into `out`: status line, the core's headers,
+/// then `Connection` as HTTP/1.1 needs it. Returns the body length a GET
+/// gets.
+fn write_head(
+    out: &mut Vec<u8>,
+    cx: &HttpCtx<'_>,
+    reply: &Reply,
+    keep_alive: bool,
+    http10: bool,
+) -> u64 {
+    write_status_line(out, reply.status());
+    reply.headers(cx.gen, |name, value| write_header(out, name, value));
     if !keep_alive {
         write_header(out, "Connection", b"close");
     } else if http10 {
         write_header(out, "Connection", b"keep-alive");
     }
+    end_head(out);
+    reply.body_len()
 }
 
 /// A short text response (errors, redirects). Returns the body length.
@@ -408,25 +381,14 @@ fn simple(
     keep_alive: bool,
     http10: bool,
     head_only: bool,
-    extra: &[(&str, &[u8])],
 ) -> u64 {
-    let reason = reason_phrase(status);
-    common_head(out, cx, status, keep_alive, http10);
-    for (name, value) in extra {
-        write_header(out, name, value);
-    }
-    let body_len = (3 + 1 + reason.len() + 1) as u64;
-    write_header(out, "Content-Type", b"text/plain; charset=utf-8");
-    write_header_u64(out, "Content-Length", body_len);
-    end_head(out);
+    let reply = Reply::text(status);
+    let len = write_head(out, cx, &reply, keep_alive, http10);
     if head_only {
         return 0;
     }
-    out.extend_from_slice(status.to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(reason.as_bytes());
-    out.push(b'\n');
-    body_len
+    reply.write_text_body(out);
+    len
 }
 
 /// Answers one request from the document root.
@@ -440,66 +402,38 @@ async fn respond<T: Transport + Send>(
 ) -> Result<Answered, End> {
     let is_head = head.method() == &Method::Head;
     let http10 = head.version() == Version::Http10;
-    let plain = |out: &mut Vec<u8>, status: u16, extra: &[(&str, &[u8])]| Answered {
-        status,
-        body_bytes: simple(out, cx, status, keep_alive, http10, is_head, extra),
+    let req = Request {
+        method: head.method(),
+        path: head.path(),
+        query: head.query(),
+        pre: Preconditions {
+            if_match: head.header("if-match"),
+            if_none_match: head.header("if-none-match"),
+            if_modified_since: head.header("if-modified-since"),
+            if_unmodified_since: head.header("if-unmodified-since"),
+            if_range: head.header("if-range"),
+            range: head.header("range"),
+        },
     };
-    match head.method() {
-        Method::Get | Method::Head => {}
-        Method::Other(_) => return Ok(plain(out, 501, &[])),
-        _ => return Ok(plain(out, 405, &[("Allow", b"GET, HEAD")])),
-    }
-    let file = match cx.site.root.lookup(head.path()) {
-        Ok(Found::File(f)) => f,
-        Ok(Found::Redirect(location)) => {
-            let mut loc = location.into_bytes();
-            if let Some(q) = head.query() {
-                loc.push(b'?');
-                loc.extend_from_slice(q);
+    let reply = decide(cx, &req);
+    let status = reply.status();
+    let (file, start, len) = match &reply {
+        Reply::File {
+            file, start, len, ..
+        } => (file, *start, *len),
+        _ => {
+            let len = write_head(out, cx, &reply, keep_alive, http10);
+            if is_head {
+                return Ok(Answered {
+                    status,
+                    body_bytes: 0,
+                });
             }
-            return Ok(plain(out, 301, &[("Location", &loc)]));
-        }
-        Err(e) => {
-            let status = e.status();
-            if status >= 500 {
-                tracing::warn!(peer = %cx.peer, "cannot serve {:?}: {e}", String::from_utf8_lossy(head.path()));
-            }
-            return Ok(plain(out, status, &[]));
-        }
-    };
-    let StaticFile { file, meta } = file;
-    let pre = Preconditions {
-        if_match: head.header("if-match"),
-        if_none_match: head.header("if-none-match"),
-        if_modified_since: head.header("if-modified-since"),
-        if_unmodified_since: head.header("if-unmodified-since"),
-        if_range: head.header("if-range"),
-        range: head.header("range"),
-    };
-    let last_modified = meta.last_modified_header();
-    let validators = |out: &mut Vec<u8>| {
-        write_header(out, "Last-Modified", last_modified.as_bytes());
-        write_header(out, "ETag", meta.etag.as_bytes());
-    };
-    let (status, start, len) = match select(&pre, &meta, true) {
-        Selection::Full => (200, 0, meta.len),
-        Selection::Partial {
-            start,
-            end_inclusive,
-        } => (206, start, end_inclusive - start + 1),
-        Selection::NotModified => {
-            common_head(out, cx, 304, keep_alive, http10);
-            validators(out);
-            end_head(out);
+            reply.write_text_body(out);
             return Ok(Answered {
-                status: 304,
-                body_bytes: 0,
+                status,
+                body_bytes: len,
             });
-        }
-        Selection::PreconditionFailed => return Ok(plain(out, 412, &[])),
-        Selection::Unsatisfiable => {
-            let range = format!("bytes */{}", meta.len);
-            return Ok(plain(out, 416, &[("Content-Range", range.as_bytes())]));
         }
     };
     if !is_head && len > 0 && io.wants_offload(len) {
@@ -508,16 +442,7 @@ async fn respond<T: Transport + Send>(
         send(io, out, cx).await?;
         io.offload().await.map_err(|_| End::Done)?;
     }
-    common_head(out, cx, status, keep_alive, http10);
-    write_header(out, "Content-Type", meta.content_type.as_bytes());
-    write_header_u64(out, "Content-Length", len);
-    validators(out);
-    write_header(out, "Accept-Ranges", b"bytes");
-    if status == 206 {
-        let range = format!("bytes {}-{}/{}", start, start + len - 1, meta.len);
-        write_header(out, "Content-Range", range.as_bytes());
-    }
-    end_head(out);
+    write_head(out, cx, &reply, keep_alive, http10);
     if is_head || len == 0 {
         return Ok(Answered {
             status,
@@ -543,7 +468,7 @@ async fn respond<T: Transport + Send>(
         // The head (after any queued responses) leaves with the body's
         // first bytes, never as a small record of its own.
         let limit = cx.gen.config.limits.send_timeout;
-        let r = io.send_file(out, &file, start, len, scratch, limit).await;
+        let r = io.send_file(out, file, start, len, scratch, limit).await;
         cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
         out.clear();
         match r {
@@ -574,39 +499,18 @@ fn log_request(
     t0: Instant,
     wall: SystemTime,
 ) {
-    let m = &cx.shared.metrics;
-    m.count_status(status);
-    let elapsed = t0.elapsed();
-    m.request_seconds.observe(elapsed.as_secs_f64());
-    let config = &cx.gen.config;
-    if config.access_log.target == tlsgate_config::LogTarget::Off {
-        return;
-    }
-    let record = Record {
-        remote: cx.peer.ip(),
-        time: wall,
-        method: head.map_or("-", |h| h.method().as_str()),
-        target: head.map_or(b"-", |h| h.target()),
-        version: match head.map(|h| h.version()) {
-            Some(Version::Http10) => "HTTP/1.0",
-            Some(Version::Http11) => "HTTP/1.1",
-            None => "-",
+    let logged = match head {
+        None => Logged::UNREAD,
+        Some(h) => Logged {
+            method: h.method().as_str(),
+            target: h.target(),
+            version: match h.version() {
+                Version::Http10 => "HTTP/1.0",
+                Version::Http11 => "HTTP/1.1",
+            },
+            referer: h.header("referer"),
+            user_agent: h.header("user-agent"),
         },
-        status,
-        body_bytes,
-        referer: head.and_then(|h| h.header("referer")),
-        user_agent: head.and_then(|h| h.header("user-agent")),
-        duration: elapsed,
-        sni: cx.sni.as_deref(),
-        tls_version: cx.tls_version,
-        ktls,
-        client: cx.client.as_ref(),
     };
-    if !cx
-        .shared
-        .access_log
-        .log(access_log::format(config.access_log.format, &record))
-    {
-        m.access_log_dropped.inc();
-    }
+    respond::log_request(cx, PROTOCOL, ktls, &logged, status, body_bytes, t0, wall);
 }

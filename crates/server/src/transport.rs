@@ -286,7 +286,7 @@ impl Transport for TcpStream {
 }
 
 /// Discards incoming bytes until EOF, `limit`, or 1 MiB.
-async fn linger_socket(sock: &TcpStream, limit: Duration) {
+pub(crate) async fn linger_socket(sock: &TcpStream, limit: Duration) {
     let mut sink = [0u8; 4096];
     let mut left = 1usize << 20;
     let _ = tokio::time::timeout(limit, async {

@@ -22,6 +22,8 @@ use crate::context::TlsContext;
 use crate::error::HandshakeError;
 use crate::offload::{crypto_info, kernel_suite, KernelState, OffloadError, RecordBoundary};
 
+mod stream;
+
 /// A plaintext `unrecognized_name` fatal alert record (RFC 8446 §6.2); it is
 /// sent before any keys exist, so it goes in the clear.
 const ALERT_UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];

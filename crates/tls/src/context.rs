@@ -10,7 +10,7 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache};
 use rustls::{ServerConfig, SupportedCipherSuite};
 use tlsgate_config::{
-    Certificates, CipherSuite, ClientAuth, KxGroup, Listener, TlsPolicy, TlsVersion,
+    Alpn, Certificates, CipherSuite, ClientAuth, KxGroup, Listener, TlsPolicy, TlsVersion,
 };
 
 use crate::certs::LoadedCert;
@@ -42,6 +42,7 @@ pub enum ContextError {
 /// The rustls config of one client certificate policy of a listener.
 fn server_config(
     policy: &TlsPolicy,
+    alpn: &[Alpn],
     provider: &Arc<CryptoProvider>,
     verifier: Option<Arc<dyn ClientCertVerifier>>,
     store: &Arc<CertStore>,
@@ -63,7 +64,8 @@ fn server_config(
     let mut config = builder.with_cert_resolver(store.clone());
     // The server's order decides (clients often prefer weaker suites).
     config.ignore_client_order = true;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // The listener's protocols in its order: the server's choice wins.
+    config.alpn_protocols = alpn.iter().map(|p| p.id().as_bytes().to_vec()).collect();
     // Each policy has its own TLS 1.2 session-ID cache: a session never
     // resumes under another policy.
     config.session_storage = if policy.session_cache_size == 0 {
@@ -169,8 +171,13 @@ impl TlsContext {
                         client_auth::hex(&v.bundle_sha256[..16])
                     ),
                 };
-                let config =
-                    server_config(policy, &provider, verifier.map(|v| v.verifier), &store)?;
+                let config = server_config(
+                    policy,
+                    &listener.alpn,
+                    &provider,
+                    verifier.map(|v| v.verifier),
+                    &store,
+                )?;
                 Ok(AuthConfig { config, ticket_tag })
             })
             .collect::<Result<Vec<_>, ContextError>>()?;

@@ -323,7 +323,10 @@ fn a_hundred_keepalive_requests_on_one_offloaded_connection() {
     }
     drop(c);
     stat.expect_sessions(1, 1);
-    assert_eq!(s.metric(r#"tlsgate_requests_total{class="2xx"}"#), 100.0);
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="http/1.1"}"#),
+        100.0
+    );
 }
 
 #[test]

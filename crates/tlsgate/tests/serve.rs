@@ -46,7 +46,7 @@ fn curl_fetches_byte_exact_over_tls13_and_tls12() {
         &s.url("/"),
     ]);
     assert!(v.status.success());
-    assert!(s.metric(r#"tlsgate_requests_total{class="2xx"}"#) >= 4.0);
+    assert!(s.metric(r#"tlsgate_requests_total{class="2xx",protocol="http/1.1"}"#) >= 4.0);
 }
 
 #[test]

@@ -1,0 +1,439 @@
+//! The HTTP/2 side of a client connection (RFC 9113), for clients that
+//! chose `h2` in ALPN: the `h2` crate runs the protocol over the
+//! connection's user-space TLS (no kernel TLS offload: `h2` owns the byte
+//! stream and its framing, and `sendfile` cannot carry HTTP/2 frames), and
+//! every stream is answered by the core shared with HTTP/1.1
+//! ([`crate::respond`]). Streams of a connection run concurrently inside
+//! its task; file bodies go out in DATA frames as the client's flow-control
+//! windows allow, each wait bounded by the send timeout.
+//!
+//! Limits: `[http2]` (streams, windows, header lists and blocks, resets)
+//! applied through `h2`'s builder, the floods `h2` does not bound by
+//! itself through [`guard`], `limits.header_timeout` for the connection
+//! preface, `http2.idle_timeout` without open streams,
+//! `limits.send_timeout` per stream (a zero window) and per connection
+//! (a client that does not read at all), `limits.max_requests_per_connection`.
+//! Shutdown: GOAWAY, then the streams in flight are finished up to the
+//! worker's deadline.
+
+mod guard;
+
+use std::fs::File;
+use std::future::poll_fn;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use h2::server::{Builder, SendResponse};
+use h2::{Reason, RecvStream, SendStream};
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use tlsgate_files::Preconditions;
+use tlsgate_http1::Method;
+use tlsgate_metrics::ReasonLabel;
+use tlsgate_tls::TlsConnection;
+
+use crate::respond::{self, decide, HttpCtx, Logged, Reply, Request};
+use guard::{Alarm, GuardedIo};
+
+/// The protocol label of this module's requests in the metrics.
+const PROTOCOL: &str = "h2";
+/// How often a connection with streams open checks for a stalled client.
+const STALL_CHECK: Duration = Duration::from_secs(1);
+/// How long a connection that is being closed may take to send its GOAWAY.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long a connection cut off keeps draining the client's bytes.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// Serves HTTP/2 on `conn` until the client leaves, a limit or timeout
+/// ends the connection, or shutdown. Never panics on client input.
+pub(crate) async fn serve(conn: &mut TlsConnection, cx: &HttpCtx<'_>) {
+    if serve_connection(conn, cx).await == End::CutOff {
+        // The GOAWAY is on its way: what the client still sends is read
+        // and dropped for a while, so that closing does not turn into a
+        // reset that destroys the GOAWAY in the client's receive buffer.
+        let _ = tokio::time::timeout(CLOSE_GRACE, conn.close()).await;
+        crate::transport::linger_socket(conn.socket(), LINGER).await;
+    }
+}
+
+/// How a connection's HTTP/2 loop ended.
+#[derive(PartialEq, Eq)]
+enum End {
+    /// The client left, or GOAWAY was exchanged.
+    Done,
+    /// The server ended it for a limit or an error of the client's.
+    CutOff,
+}
+
+async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
+    let m = &cx.shared.metrics;
+    let limits = &cx.gen.config.limits;
+    let h2c = &cx.gen.config.http2;
+    let alarm = Alarm::default();
+    let io = GuardedIo::new(conn, h2c, &alarm);
+    let mut builder = Builder::new();
+    builder
+        .max_concurrent_streams(h2c.max_concurrent_streams)
+        .initial_window_size(h2c.initial_window_size)
+        .initial_connection_window_size(h2c.initial_connection_window_size)
+        .max_frame_size(h2c.max_frame_size)
+        .max_header_list_size(h2c.max_header_list_size)
+        .max_send_buffer_size(h2c.max_send_buffer_size as usize)
+        .max_pending_accept_reset_streams(h2c.max_pending_accept_reset_streams)
+        .max_local_error_reset_streams(Some(h2c.max_local_error_reset_streams));
+    let mut connection = match tokio::time::timeout(
+        limits.header_timeout,
+        builder.handshake::<_, Bytes>(io),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::debug!(peer = %cx.peer, "HTTP/2 preface failed: {e}");
+            m.count_h2_rejected(error_reason(&e));
+            return End::CutOff;
+        }
+        Err(_) => {
+            m.timeouts
+                .get_or_create(&ReasonLabel { reason: "header" })
+                .inc();
+            return End::CutOff;
+        }
+    };
+
+    let mut shutdown = cx.shutdown.clone();
+    let mut streams = FuturesUnordered::new();
+    let mut served: u64 = 0;
+    // Set once GOAWAY went out: no new streams, the open ones finish.
+    let mut draining = *shutdown.borrow();
+    if draining {
+        connection.graceful_shutdown();
+    }
+    // When a connection being closed for a limit must be gone.
+    let mut hard_deadline: Option<tokio::time::Instant> = None;
+    let mut end = End::Done;
+    let idle = tokio::time::sleep(h2c.idle_timeout);
+    tokio::pin!(idle);
+    let mut stall_check = tokio::time::interval(STALL_CHECK);
+    stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    loop {
+        let deadline =
+            hard_deadline.unwrap_or_else(|| tokio::time::Instant::now() + h2c.idle_timeout);
+        tokio::select! {
+            accepted = connection.accept() => match accepted {
+                Some(Ok((req, respond))) => {
+                    served += 1;
+                    m.h2_streams.inc();
+                    streams.push(serve_stream(cx, req, respond));
+                    if served >= limits.max_requests_per_connection && !draining {
+                        connection.graceful_shutdown();
+                        draining = true;
+                    }
+                }
+                Some(Err(e)) => {
+                    if !is_client_gone(&e) {
+                        tracing::debug!(peer = %cx.peer, "HTTP/2 connection error: {e}");
+                        m.count_h2_rejected(error_reason(&e));
+                        end = End::CutOff;
+                    }
+                    break;
+                }
+                None => break,
+            },
+            Some(()) = streams.next(), if !streams.is_empty() => {
+                if streams.is_empty() {
+                    idle.as_mut().reset(tokio::time::Instant::now() + h2c.idle_timeout);
+                }
+            }
+            () = alarm.notify.notified() => {
+                let reason = alarm.tripped().unwrap_or("flood");
+                tracing::debug!(peer = %cx.peer, "HTTP/2 client cut off: {reason}");
+                m.count_h2_rejected(reason);
+                connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
+                // What the client had open is abandoned with it.
+                streams.clear();
+                hard_deadline = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                end = End::CutOff;
+            }
+            r = shutdown.changed(), if !draining => {
+                if r.is_err() || *shutdown.borrow() {
+                    connection.graceful_shutdown();
+                    draining = true;
+                }
+            }
+            () = &mut idle, if streams.is_empty() && hard_deadline.is_none() => {
+                m.timeouts.get_or_create(&ReasonLabel { reason: "h2_idle" }).inc();
+                connection.graceful_shutdown();
+                draining = true;
+                // A client that reads nothing does not even take the GOAWAY.
+                hard_deadline = Some(tokio::time::Instant::now() + limits.send_timeout);
+            }
+            _ = stall_check.tick(), if !streams.is_empty() || alarm.blocked_since().is_some() => {
+                if alarm.blocked_since().is_some_and(|t| t.elapsed() >= limits.send_timeout) {
+                    m.timeouts.get_or_create(&ReasonLabel { reason: "send" }).inc();
+                    // Nothing more can be sent: no GOAWAY, no linger.
+                    return End::Done;
+                }
+            }
+            () = tokio::time::sleep_until(deadline), if hard_deadline.is_some() => break,
+        }
+    }
+    // Streams already answered finish their logging; the rest end with
+    // the connection.
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        while streams.next().await.is_some() {}
+    })
+    .await;
+    end
+}
+
+/// A connection ended by the client going away is no error of theirs to count.
+fn is_client_gone(e: &h2::Error) -> bool {
+    e.is_io() || (e.is_go_away() && e.is_remote() && e.reason() == Some(Reason::NO_ERROR))
+}
+
+/// The metric label of an `h2` error that ended a connection or preface.
+fn error_reason(e: &h2::Error) -> &'static str {
+    if e.is_io() {
+        return "io";
+    }
+    let local = !e.is_remote();
+    match e.reason() {
+        Some(Reason::PROTOCOL_ERROR) if local => "protocol_error",
+        Some(Reason::FLOW_CONTROL_ERROR) if local => "flow_control_error",
+        Some(Reason::FRAME_SIZE_ERROR) if local => "frame_size_error",
+        Some(Reason::COMPRESSION_ERROR) if local => "compression_error",
+        Some(Reason::ENHANCE_YOUR_CALM) if local => "enhance_your_calm",
+        Some(Reason::REFUSED_STREAM) if local => "refused_stream",
+        Some(_) if local => "other_error",
+        _ => "client_error",
+    }
+}
+
+/// Keeps `h2_streams_open` right however a stream ends.
+struct OpenStream<'a>(&'a tlsgate_metrics::Metrics);
+
+impl Drop for OpenStream<'_> {
+    fn drop(&mut self) {
+        self.0.h2_streams_open.dec();
+    }
+}
+
+/// A request header's value; repeated fields joined with ", " (RFC 9110 §5.3).
+fn joined(headers: &HeaderMap, name: &str) -> Option<Vec<u8>> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?;
+    let mut out = first.as_bytes().to_vec();
+    for v in values {
+        out.extend_from_slice(b", ");
+        out.extend_from_slice(v.as_bytes());
+    }
+    Some(out)
+}
+
+/// Why a stream's response did not complete.
+enum Broken {
+    /// The client reset the stream or left.
+    Gone,
+    /// The client did not open its window within the send timeout.
+    Timeout,
+    /// The file could not be read to the length announced.
+    Read,
+}
+
+/// Answers one stream.
+async fn serve_stream(
+    cx: &HttpCtx<'_>,
+    req: http::Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
+    let m = &cx.shared.metrics;
+    m.h2_streams_open.inc();
+    let _open = OpenStream(m);
+    let t0 = Instant::now();
+    let wall = SystemTime::now();
+    let (parts, body) = req.into_parts();
+    let method = Method::from_token(parts.method.as_str().as_bytes());
+    let target = parts
+        .uri
+        .path_and_query()
+        .map_or("", |p| p.as_str())
+        .as_bytes();
+    let path = parts.uri.path().as_bytes();
+    let h = &parts.headers;
+    let conditionals = [
+        "if-match",
+        "if-none-match",
+        "if-modified-since",
+        "if-unmodified-since",
+        "if-range",
+        "range",
+    ]
+    .map(|name| joined(h, name));
+    let referer = joined(h, "referer");
+    let user_agent = joined(h, "user-agent");
+    let logged = Logged {
+        method: method.as_str(),
+        target,
+        version: "HTTP/2.0",
+        referer: referer.as_deref(),
+        user_agent: user_agent.as_deref(),
+    };
+    let is_head = method == Method::Head;
+
+    // A body is read (and discarded) within the body limits whatever the
+    // method, so that h2 checks it: content-length against the DATA
+    // received, trailers without pseudo-headers (RFC 9113 §8.1.1).
+    let refused = if body.is_end_stream() {
+        None
+    } else {
+        drain(body, cx).await.err().map(Reply::text)
+    };
+    // `OPTIONS *` gets 405 like any other method; a GET whose `:path`
+    // does not start with `/` gets 400 from the core.
+    let reply =
+        refused.unwrap_or_else(|| decide(cx, &request(&method, &parts.uri, path, &conditionals)));
+    let status = reply.status();
+    let body_len = if is_head { 0 } else { reply.body_len() };
+    let mut head = Response::new(());
+    *head.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
+    let headers = head.headers_mut();
+    reply.headers(cx.gen, |name, value| {
+        // Our own names and values: always valid (a redirect's query
+        // came through h2's URI check).
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            headers.append(n, v);
+        }
+    });
+    let sent = match respond.send_response(head, body_len == 0) {
+        Ok(mut send) if body_len > 0 => match &reply {
+            Reply::File {
+                file, start, len, ..
+            } => send_file(&mut send, file, *start, *len, cx).await,
+            _ => {
+                let mut text = Vec::with_capacity(32);
+                reply.write_text_body(&mut text);
+                send.send_data(Bytes::from(text), true)
+                    .map(|()| body_len)
+                    .map_err(|_| Broken::Gone)
+            }
+        },
+        Ok(_) => Ok(0),
+        Err(_) => Err(Broken::Gone),
+    };
+    let body_bytes = match sent {
+        Ok(n) => {
+            m.bytes_sent.inc_by(n);
+            n
+        }
+        Err(Broken::Gone) => 0,
+        Err(Broken::Timeout) => {
+            m.timeouts
+                .get_or_create(&ReasonLabel {
+                    reason: "h2_stream_send",
+                })
+                .inc();
+            m.count_h2_rejected("stream_send_timeout");
+            0
+        }
+        Err(Broken::Read) => 0,
+    };
+    respond::log_request(cx, PROTOCOL, false, &logged, status, body_bytes, t0, wall);
+}
+
+/// The core's request from a stream's pieces.
+fn request<'a>(
+    method: &'a Method,
+    uri: &'a http::Uri,
+    path: &'a [u8],
+    c: &'a [Option<Vec<u8>>; 6],
+) -> Request<'a> {
+    let [if_match, if_none_match, if_modified_since, if_unmodified_since, if_range, range] = c;
+    Request {
+        method,
+        path,
+        query: uri.query().map(str::as_bytes),
+        pre: Preconditions {
+            if_match: if_match.as_deref(),
+            if_none_match: if_none_match.as_deref(),
+            if_modified_since: if_modified_since.as_deref(),
+            if_unmodified_since: if_unmodified_since.as_deref(),
+            if_range: if_range.as_deref(),
+            range: range.as_deref(),
+        },
+    }
+}
+
+/// Reads and discards a request body and its trailers within
+/// `max_body_bytes` and `body_timeout`, giving the window back as it goes.
+/// `Err(status)`; a body h2 found malformed has had its stream reset.
+async fn drain(mut body: RecvStream, cx: &HttpCtx<'_>) -> Result<(), u16> {
+    let limits = &cx.gen.config.limits;
+    let mut total: u64 = 0;
+    let read = async {
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.map_err(|_| 400u16)?;
+            total += chunk.len() as u64;
+            let _ = body.flow_control().release_capacity(chunk.len());
+            if total > limits.max_body_bytes {
+                return Err(413);
+            }
+        }
+        body.trailers().await.map(|_| ()).map_err(|_| 400)
+    };
+    tokio::time::timeout(limits.body_timeout, read)
+        .await
+        .unwrap_or(Err(408))
+}
+
+/// Sends `len` bytes of `file` from `start` in DATA frames, each chunk
+/// read once the client's windows have room for it (reserved capacity),
+/// each wait bounded by the send timeout. Returns the bytes sent.
+async fn send_file(
+    send: &mut SendStream<Bytes>,
+    file: &File,
+    start: u64,
+    len: u64,
+    cx: &HttpCtx<'_>,
+) -> Result<u64, Broken> {
+    let limit = cx.gen.config.limits.send_timeout;
+    let chunk = cx.gen.config.http2.max_send_buffer_size as usize;
+    let mut done: u64 = 0;
+    while done < len {
+        let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
+        send.reserve_capacity(want);
+        let mut granted = send.capacity();
+        while granted == 0 {
+            match tokio::time::timeout(limit, poll_fn(|c| send.poll_capacity(c))).await {
+                Err(_) => {
+                    send.send_reset(Reason::CANCEL);
+                    return Err(Broken::Timeout);
+                }
+                Ok(None) | Ok(Some(Err(_))) => return Err(Broken::Gone),
+                Ok(Some(Ok(n))) => granted = n,
+            }
+        }
+        let n = granted.min(want);
+        let mut buf = BytesMut::zeroed(n);
+        let got = match file.read_at(&mut buf, start + done) {
+            Ok(0) | Err(_) => {
+                // The head promised a length we cannot deliver.
+                tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
+                send.send_reset(Reason::INTERNAL_ERROR);
+                return Err(Broken::Read);
+            }
+            Ok(got) => got,
+        };
+        buf.truncate(got);
+        done += got as u64;
+        cx.shared.metrics.count_body("userspace", got as u64);
+        send.send_data(buf.freeze(), done == len)
+            .map_err(|_| Broken::Gone)?;
+    }
+    Ok(done)
+}

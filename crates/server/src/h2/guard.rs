@@ -1,0 +1,422 @@
+//! The byte stream under an HTTP/2 connection, watched for the floods the
+//! `h2` crate does not bound by itself (RFC 9113 §10.5): it reads the frame
+//! headers of what the client sends as they pass (nothing is parsed twice:
+//! 9 bytes per frame) and charges frames that cost the server work without
+//! serving anything to per-connection token buckets. Client resets
+//! (CVE-2023-44487 rapid reset) have their own bucket; PING, SETTINGS,
+//! PRIORITY, WINDOW_UPDATE, empty DATA and unknown frames share one, which
+//! bytes sent to the client refill as well (a client reading a large body
+//! sends WINDOW_UPDATEs in proportion). A header block of too many frames
+//! (CONTINUATION floods, CVE-2024-27316) trips it too. Once tripped the
+//! stream reads nothing more and the connection loop answers with GOAWAY
+//! ENHANCE_YOUR_CALM. It also notes since when writes wait for a client
+//! that does not read, for the connection's send timeout.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tlsgate_config::{FrameRate, Http2};
+use tlsgate_tls::TlsConnection;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+
+/// The client connection preface (RFC 9113 §3.4) precedes the frames.
+const PREFACE_LEN: usize = 24;
+/// Sent bytes that earn one control frame.
+const BYTES_PER_CONTROL_FRAME: usize = 1024;
+
+mod frame {
+    pub const DATA: u8 = 0x0;
+    pub const HEADERS: u8 = 0x1;
+    pub const PRIORITY: u8 = 0x2;
+    pub const RST_STREAM: u8 = 0x3;
+    pub const SETTINGS: u8 = 0x4;
+    pub const PING: u8 = 0x6;
+    pub const GOAWAY: u8 = 0x7;
+    pub const WINDOW_UPDATE: u8 = 0x8;
+    pub const CONTINUATION: u8 = 0x9;
+    pub const END_STREAM: u8 = 0x1;
+    pub const ACK: u8 = 0x1;
+    pub const END_HEADERS: u8 = 0x4;
+}
+
+/// A token bucket, refilled by time and by work done for the client.
+struct Bucket {
+    tokens: f64,
+    rate: FrameRate,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(rate: FrameRate, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(rate.burst),
+            rate,
+            at: now,
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * f64::from(self.rate.per_second))
+            .min(f64::from(self.rate.burst));
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn credit(&mut self, tokens: usize) {
+        self.tokens = (self.tokens + tokens as f64).min(f64::from(self.rate.burst));
+    }
+}
+
+/// What the connection loop learns from the stream.
+#[derive(Default)]
+pub(super) struct Alarm {
+    /// Why the client was cut off, once it was.
+    tripped: Mutex<Option<&'static str>>,
+    /// Wakes the connection loop when `tripped` is set.
+    pub notify: Notify,
+    /// Since when a write has been waiting for the client to read.
+    blocked_since: Mutex<Option<Instant>>,
+}
+
+impl Alarm {
+    /// The reason the guard tripped, if it did.
+    pub fn tripped(&self) -> Option<&'static str> {
+        *self.tripped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Since when the client has not taken what is written to it.
+    pub fn blocked_since(&self) -> Option<Instant> {
+        *self.blocked_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn trip(&self, reason: &'static str) {
+        let mut t = self.tripped.lock().unwrap_or_else(|e| e.into_inner());
+        if t.is_none() {
+            *t = Some(reason);
+            self.notify.notify_one();
+        }
+    }
+
+    fn set_blocked(&self, blocked: bool) {
+        let mut b = self.blocked_since.lock().unwrap_or_else(|e| e.into_inner());
+        match (blocked, b.is_some()) {
+            (true, false) => *b = Some(Instant::now()),
+            (false, true) => *b = None,
+            _ => {}
+        }
+    }
+}
+
+/// Follows the frame layout of the client's bytes.
+struct FrameReader {
+    preface_left: usize,
+    head: [u8; 9],
+    have: usize,
+    payload_left: usize,
+    /// HEADERS and CONTINUATION frames of the header block being received.
+    block_frames: Option<u32>,
+    max_block_frames: u32,
+    resets: Bucket,
+    control: Bucket,
+}
+
+impl FrameReader {
+    fn new(limits: &Http2, now: Instant) -> Self {
+        Self {
+            preface_left: PREFACE_LEN,
+            head: [0; 9],
+            have: 0,
+            payload_left: 0,
+            block_frames: None,
+            max_block_frames: limits.max_header_frames,
+            resets: Bucket::new(limits.resets, now),
+            control: Bucket::new(limits.control_frames, now),
+        }
+    }
+
+    /// Follows `bytes`; `Err(reason)` when a limit is passed.
+    fn observe(&mut self, mut bytes: &[u8], now: Instant) -> Result<(), &'static str> {
+        while !bytes.is_empty() {
+            if self.preface_left > 0 {
+                let n = self.preface_left.min(bytes.len());
+                self.preface_left -= n;
+                bytes = bytes.get(n..).unwrap_or_default();
+                continue;
+            }
+            if self.payload_left > 0 {
+                let n = self.payload_left.min(bytes.len());
+                self.payload_left -= n;
+                bytes = bytes.get(n..).unwrap_or_default();
+                continue;
+            }
+            let n = (9 - self.have).min(bytes.len());
+            if let (Some(dst), Some(src)) =
+                (self.head.get_mut(self.have..self.have + n), bytes.get(..n))
+            {
+                dst.copy_from_slice(src);
+            }
+            self.have += n;
+            bytes = bytes.get(n..).unwrap_or_default();
+            if self.have == 9 {
+                self.have = 0;
+                let [l0, l1, l2, kind, flags, ..] = self.head;
+                let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+                self.payload_left = len;
+                self.frame(kind, flags, len, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn frame(&mut self, kind: u8, flags: u8, len: usize, now: Instant) -> Result<(), &'static str> {
+        use frame::*;
+        let control = |c: &mut Bucket, reason| if c.take(now) { Ok(()) } else { Err(reason) };
+        match kind {
+            HEADERS => {
+                self.block_frames = (flags & END_HEADERS == 0).then_some(1);
+                Ok(())
+            }
+            CONTINUATION => {
+                let n = self.block_frames.unwrap_or(0) + 1;
+                if n > self.max_block_frames {
+                    return Err("continuation_flood");
+                }
+                self.block_frames = (flags & END_HEADERS == 0).then_some(n);
+                if len == 0 && flags & END_HEADERS == 0 {
+                    return control(&mut self.control, "empty_frame_flood");
+                }
+                Ok(())
+            }
+            RST_STREAM => control(&mut self.resets, "reset_flood"),
+            DATA if len == 0 && flags & END_STREAM == 0 => {
+                control(&mut self.control, "empty_frame_flood")
+            }
+            DATA | GOAWAY => Ok(()),
+            PING => control(&mut self.control, "ping_flood"),
+            SETTINGS if flags & ACK == 0 => control(&mut self.control, "settings_flood"),
+            SETTINGS => Ok(()),
+            PRIORITY => control(&mut self.control, "priority_flood"),
+            WINDOW_UPDATE => control(&mut self.control, "window_update_flood"),
+            // PUSH_PROMISE from a client is h2's protocol error; unknown
+            // types are ignored by h2 (RFC 9113 §5.5) but still cost a read.
+            _ => control(&mut self.control, "unknown_frame_flood"),
+        }
+    }
+}
+
+/// The TLS connection as h2's I/O, with the frame accounting.
+pub(super) struct GuardedIo<'a> {
+    conn: &'a mut TlsConnection,
+    frames: FrameReader,
+    alarm: &'a Alarm,
+    /// Sent bytes not yet turned into control-frame credit.
+    sent: usize,
+}
+
+impl<'a> GuardedIo<'a> {
+    pub fn new(conn: &'a mut TlsConnection, limits: &Http2, alarm: &'a Alarm) -> Self {
+        Self {
+            conn,
+            frames: FrameReader::new(limits, Instant::now()),
+            alarm,
+            sent: 0,
+        }
+    }
+
+    fn wrote(&mut self, r: &Poll<io::Result<usize>>) {
+        match r {
+            Poll::Ready(Ok(n)) => {
+                self.alarm.set_blocked(false);
+                self.sent += n;
+                if self.sent >= BYTES_PER_CONTROL_FRAME {
+                    self.frames
+                        .control
+                        .credit(self.sent / BYTES_PER_CONTROL_FRAME);
+                    self.sent %= BYTES_PER_CONTROL_FRAME;
+                }
+            }
+            Poll::Pending => self.alarm.set_blocked(true),
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+}
+
+impl AsyncRead for GuardedIo<'_> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.alarm.tripped().is_some() {
+            // Nothing more is read from a client that was cut off; the
+            // connection loop sends GOAWAY and closes.
+            return Poll::Pending;
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut *this.conn).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            let got = buf.filled().get(before..).unwrap_or_default();
+            if let Err(reason) = this.frames.observe(got, Instant::now()) {
+                // h2 never sees the read that passed a limit; the alarm
+                // wakes the connection loop, which ends the connection.
+                buf.set_filled(before);
+                this.alarm.trip(reason);
+                return Poll::Pending;
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for GuardedIo<'_> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[io::IoSlice::new(data)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut *this.conn).poll_write_vectored(cx, bufs);
+        this.wrote(&r);
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.conn.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut *this.conn).poll_flush(cx);
+        this.alarm.set_blocked(r.is_pending());
+        r
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.get_mut().conn).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Http2 {
+        let mut l = tlsgate_config::load(None, &Default::default(), std::path::Path::new("/"))
+            .unwrap()
+            .http2;
+        l.resets = FrameRate {
+            per_second: 1,
+            burst: 3,
+        };
+        l.control_frames = FrameRate {
+            per_second: 1,
+            burst: 5,
+        };
+        l.max_header_frames = 3;
+        l
+    }
+
+    fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut f = vec![
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+            kind,
+            flags,
+            0,
+            0,
+            0,
+            1,
+        ];
+        f.extend_from_slice(payload);
+        f
+    }
+
+    #[test]
+    fn frames_split_anywhere_are_followed_and_resets_are_bounded() {
+        let now = Instant::now();
+        let mut r = FrameReader::new(&limits(), now);
+        let mut wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        wire.extend(frame(frame::SETTINGS, 0, &[0; 6]));
+        wire.extend(frame(frame::HEADERS, frame::END_HEADERS, &[0x82; 20]));
+        for _ in 0..3 {
+            wire.extend(frame(frame::RST_STREAM, 0, &[0, 0, 0, 8]));
+        }
+        // One byte at a time: the layout is kept across reads.
+        for b in &wire {
+            r.observe(std::slice::from_ref(b), now).unwrap();
+        }
+        assert_eq!(
+            r.observe(&frame(frame::RST_STREAM, 0, &[0, 0, 0, 8]), now),
+            Err("reset_flood")
+        );
+    }
+
+    #[test]
+    fn long_header_blocks_and_ping_floods_trip_but_sent_bytes_refill() {
+        let now = Instant::now();
+        let mut r = FrameReader::new(&limits(), now);
+        r.observe(&[0; PREFACE_LEN], now).unwrap();
+        r.observe(&frame(frame::HEADERS, 0, &[0; 4]), now).unwrap();
+        r.observe(&frame(frame::CONTINUATION, 0, &[0; 4]), now)
+            .unwrap();
+        r.observe(&frame(frame::CONTINUATION, 0, &[0; 4]), now)
+            .unwrap();
+        assert_eq!(
+            r.observe(&frame(frame::CONTINUATION, 0, &[0; 4]), now),
+            Err("continuation_flood")
+        );
+        let mut r = FrameReader::new(&limits(), now);
+        r.observe(&[0; PREFACE_LEN], now).unwrap();
+        for _ in 0..5 {
+            r.observe(&frame(frame::PING, 0, &[0; 8]), now).unwrap();
+        }
+        assert_eq!(
+            r.observe(&frame(frame::PING, 0, &[0; 8]), now),
+            Err("ping_flood")
+        );
+        // A tripped reader is done with; a new one, its bucket emptied.
+        let mut r = FrameReader::new(&limits(), now);
+        r.observe(&[0; PREFACE_LEN], now).unwrap();
+        for _ in 0..5 {
+            r.observe(&frame(frame::SETTINGS, 0, &[]), now).unwrap();
+        }
+        r.control.credit(1);
+        r.observe(&frame(frame::WINDOW_UPDATE, 0, &[0, 0, 1, 0]), now)
+            .unwrap();
+        // Time refills too.
+        let later = now + std::time::Duration::from_secs(2);
+        r.observe(&frame(frame::DATA, 0, &[]), later).unwrap();
+        r.observe(&frame(frame::DATA, 0, &[]), later).unwrap();
+        // A DATA frame with a body, or that ends the stream, is not charged.
+        r.observe(&frame(frame::DATA, frame::END_STREAM, &[]), later)
+            .unwrap();
+        r.observe(&frame(frame::DATA, 0, &[1, 2, 3]), later)
+            .unwrap();
+        assert_eq!(
+            r.observe(&frame(frame::DATA, 0, &[]), later),
+            Err("empty_frame_flood")
+        );
+    }
+}

@@ -1,0 +1,742 @@
+//! HTTP/2 with real peers: curl --http2 byte-exact (small, 1 MiB, 48 MiB,
+//! ranges, conditionals, HEAD), ALPN per listener, a rustls + h2 client
+//! with 100 concurrent streams, h2load with 100 streams per connection,
+//! the h2spec conformance suite, graceful shutdown and reload mid-stream,
+//! and the floods (rapid reset, CONTINUATION, PING, zero window, a client
+//! that reads nothing) with the server kept within a memory and CPU bound
+//! while a normal client is served. Missing tools fail the tests loudly
+//! (`./dev setup` installs them).
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::client::TlsStream as ClientTls;
+use tokio_rustls::TlsConnector;
+
+/// 48 MiB and a few bytes: many windows and buffers, none a divisor.
+const HUGE_LEN: usize = (48 << 20) + 13;
+
+/// A fixture with a 48 MiB file too.
+fn fixture_with_huge() -> (Fixture, Vec<u8>) {
+    let f = Fixture::new();
+    let huge: Vec<u8> = (0..HUGE_LEN).map(|i| (i * 7 % 253) as u8).collect();
+    std::fs::write(f.root.join("huge.bin"), &huge).unwrap();
+    (f, huge)
+}
+
+/// A config with `top` tables and `listener_keys` in the listener table.
+fn config(f: &Fixture, top: &str, listener_keys: &str) -> String {
+    format!(
+        "{top}\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = {root:?}\n{listener_keys}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n",
+        root = f.root,
+        cert = f.cert.cert,
+        key = f.cert.key,
+    )
+}
+
+fn tls_h2() -> Arc<rustls::ClientConfig> {
+    let mut c = client_config(rustls::DEFAULT_VERSIONS);
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    Arc::new(c)
+}
+
+async fn connect_h2(addr: SocketAddr) -> ClientTls<tokio::net::TcpStream> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = TlsConnector::from(tls_h2())
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    tls
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// curl --http2 with `args`: (status, http version, body).
+fn curl2(s: &Server, args: &[&str]) -> (String, String, Vec<u8>) {
+    let mut all = vec!["--http2", "-w", "\n%{http_code} %{http_version}"];
+    all.extend_from_slice(args);
+    let out = s.curl(&all);
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let at = out.stdout.iter().rposition(|&b| b == b'\n').unwrap();
+    let tail = String::from_utf8(out.stdout[at + 1..].to_vec()).unwrap();
+    let (code, version) = tail.split_once(' ').unwrap();
+    (
+        code.to_string(),
+        version.to_string(),
+        out.stdout[..at].to_vec(),
+    )
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then_some(v.trim())
+    })
+}
+
+#[test]
+fn curl_http2_serves_files_ranges_conditionals_and_head_byte_exact() {
+    let (f, huge) = fixture_with_huge();
+    let s = Server::start(&f, &config(&f, "", ""));
+    let url = |p: &str| s.url(p);
+
+    let (code, version, body) = curl2(&s, &[&url("/hello.txt")]);
+    assert_eq!((code.as_str(), version.as_str()), ("200", "2"));
+    assert_eq!(body, HELLO.as_bytes());
+
+    let (code, _, body) = curl2(&s, &[&url("/big.bin")]);
+    assert_eq!(code, "200");
+    assert!(body == f.big, "1 MiB body differs");
+
+    let (code, _, body) = curl2(&s, &[&url("/huge.bin")]);
+    assert_eq!(code, "200");
+    assert_eq!(body.len(), HUGE_LEN);
+    assert!(body == huge, "48 MiB body differs");
+
+    // Ranges: inside, suffix, past the end.
+    let (code, _, body) = curl2(&s, &["-r", "1000-1999", &url("/big.bin")]);
+    assert_eq!(code, "206");
+    assert_eq!(body, &f.big[1000..2000]);
+    let (code, _, body) = curl2(&s, &["-r", "-100", &url("/huge.bin")]);
+    assert_eq!(code, "206");
+    assert_eq!(body, &huge[HUGE_LEN - 100..]);
+    let (code, _, _) = curl2(&s, &["-r", "99999999-", &url("/big.bin")]);
+    assert_eq!(code, "416");
+
+    // HEAD: the GET's headers, no body.
+    let out = s.curl(&["--http2", "-I", &url("/big.bin")]);
+    let head = String::from_utf8(out.stdout).unwrap();
+    assert!(head.starts_with("HTTP/2 200"), "{head}");
+    assert_eq!(
+        header(&head, "content-length"),
+        Some(f.big.len().to_string().as_str())
+    );
+    assert_eq!(header(&head, "accept-ranges"), Some("bytes"));
+    let etag = header(&head, "etag").unwrap().to_string();
+    let modified = header(&head, "last-modified").unwrap().to_string();
+
+    // Conditionals: 304 by tag and by date, 412, If-Range.
+    let (code, _, body) = curl2(
+        &s,
+        &["-H", &format!("If-None-Match: {etag}"), &url("/big.bin")],
+    );
+    assert_eq!((code.as_str(), body.len()), ("304", 0));
+    let (code, _, _) = curl2(
+        &s,
+        &[
+            "-H",
+            &format!("If-Modified-Since: {modified}"),
+            &url("/big.bin"),
+        ],
+    );
+    assert_eq!(code, "304");
+    let (code, _, _) = curl2(&s, &["-H", "If-Match: \"other\"", &url("/big.bin")]);
+    assert_eq!(code, "412");
+    let (code, _, body) = curl2(
+        &s,
+        &[
+            "-H",
+            &format!("If-Range: {etag}"),
+            "-r",
+            "0-9",
+            &url("/big.bin"),
+        ],
+    );
+    assert_eq!((code.as_str(), body.as_slice()), ("206", &f.big[..10]));
+    let (code, _, body) = curl2(
+        &s,
+        &["-H", "If-Range: \"stale\"", "-r", "0-9", &url("/big.bin")],
+    );
+    assert_eq!((code.as_str(), body.len()), ("200", f.big.len()));
+
+    // Errors and redirects as over HTTP/1.1.
+    let (code, _, _) = curl2(&s, &[&url("/missing")]);
+    assert_eq!(code, "404");
+    let (code, _, _) = curl2(&s, &["-X", "POST", "-d", "x=1", &url("/hello.txt")]);
+    assert_eq!(code, "405");
+    let out = s.curl(&["--http2", "-i", &url("/sub?q=1")]);
+    let head = String::from_utf8_lossy(&out.stdout);
+    assert!(head.starts_with("HTTP/2 301"), "{head}");
+    assert_eq!(header(&head, "location"), Some("/sub/?q=1"));
+    let (code, _, _) = curl2(&s, &[&url("/../secret.txt")]);
+    assert_ne!(code, "200");
+
+    // The access log says the protocol; the metrics count by protocol.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !s
+        .access_log()
+        .contains("\"GET /huge.bin HTTP/2.0\" 200 50331661")
+    {
+        assert!(Instant::now() < deadline, "{}", s.access_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(s.access_log().contains("\"HEAD /big.bin HTTP/2.0\" 200 0"));
+    assert!(s.metric(r#"tlsgate_requests_total{class="2xx",protocol="h2"}"#) >= 8.0);
+    assert!(s.metric(r#"tlsgate_requests_total{class="3xx",protocol="h2"}"#) >= 3.0);
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="http/1.1"}"#),
+        0.0
+    );
+    assert!(s.metric(r#"tlsgate_protocol_connections_total{protocol="h2"}"#) >= 14.0);
+}
+
+#[test]
+fn alpn_follows_each_listener_and_its_order() {
+    let f = Fixture::new();
+    // Default: h2 preferred, HTTP/1.1 for clients without h2.
+    let s = Server::start(&f, &config(&f, "", ""));
+    assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).1, "2");
+    let out = s.curl(&[
+        "--http1.1",
+        "-w",
+        "%{http_version}",
+        "-o",
+        "/dev/null",
+        &s.url("/"),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1.1");
+    assert!(s.metric(r#"tlsgate_requests_total{class="2xx",protocol="http/1.1"}"#) >= 1.0);
+    drop(s);
+
+    // The server's order wins: HTTP/1.1 first.
+    let s = Server::start(&f, &config(&f, "", "alpn = [\"http/1.1\", \"h2\"]"));
+    assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).1, "1.1");
+    drop(s);
+
+    // HTTP/1.1 only.
+    let s = Server::start(&f, &config(&f, "", "alpn = [\"http/1.1\"]"));
+    assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).1, "1.1");
+    drop(s);
+
+    // h2 only: a client that offers only http/1.1 is refused in the handshake.
+    let s = Server::start(&f, &config(&f, "", "alpn = [\"h2\"]"));
+    assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).1, "2");
+    let out = s.curl(&["--http1.1", &s.url("/hello.txt")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("alert"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_alpn_and_http2_keys_stop_the_start_naming_the_key() {
+    let f = Fixture::new();
+    for (listener, top, key) in [
+        ("alpn = [\"h2c\"]", "", "listener[0].alpn"),
+        ("alpn = []", "", "listener[0].alpn"),
+        ("alpn = [\"h2\", \"h2\"]", "", "listener[0].alpn"),
+        (
+            "",
+            "[http2]\nmax_concurrent_streams = 0",
+            "http2.max_concurrent_streams",
+        ),
+        ("", "[http2]\nmax_frame_size = 1000", "http2.max_frame_size"),
+        ("", "[http2]\nidle_timeout = \"0s\"", "http2.idle_timeout"),
+        ("", "[http2]\nresets_per_sec = 5", "resets_per_sec"),
+    ] {
+        let path = f.write_config(&config(&f, top, listener));
+        let out = Command::new(bin())
+            .args(["check-config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{listener} {top}: {err}");
+        assert!(err.contains(key), "{key} not named: {err}");
+    }
+}
+
+/// A stream's answer: status and body.
+async fn fetch(client: &h2::client::SendRequest<Bytes>, path: &str) -> (http::StatusCode, Vec<u8>) {
+    let mut client = client.clone().ready().await.unwrap();
+    let req = http::Request::get(format!("https://localhost{path}"))
+        .body(())
+        .unwrap();
+    let (resp, _) = client.send_request(req, true).unwrap();
+    let resp = resp.await.unwrap();
+    let (parts, mut body) = resp.into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+        data.extend_from_slice(&chunk);
+    }
+    (parts.status, data)
+}
+
+#[test]
+fn rustls_h2_client_with_100_concurrent_streams_on_one_connection() {
+    let f = Fixture::new();
+    let s = Server::start(
+        &f,
+        &config(
+            &f,
+            "[access_log]\ntarget = \"off\"\n[http2]\nmax_concurrent_streams = 100",
+            "",
+        ),
+    );
+    let big = f.big.clone();
+    rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        let mut tasks = Vec::new();
+        for i in 0..100 {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let path = if i % 2 == 0 { "/big.bin" } else { "/hello.txt" };
+                (i, fetch(&client, path).await)
+            }));
+        }
+        for t in tasks {
+            let (i, (status, body)) = t.await.unwrap();
+            assert_eq!(status, 200);
+            if i % 2 == 0 {
+                assert!(body == big, "stream {i}: 1 MiB body differs");
+            } else {
+                assert_eq!(body, HELLO.as_bytes());
+            }
+        }
+    });
+    assert_eq!(
+        s.metric(r#"tlsgate_protocol_connections_total{protocol="h2"}"#),
+        1.0
+    );
+    assert_eq!(s.metric("tlsgate_h2_streams_total"), 100.0);
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="h2"}"#),
+        100.0
+    );
+    s.expect_metric_line("tlsgate_h2_streams_open 0\n");
+}
+
+#[test]
+fn h2load_with_100_concurrent_streams() {
+    let f = Fixture::new();
+    let s = Server::start(&f, &config(&f, "[access_log]\ntarget = \"off\"", ""));
+    for path in ["/hello.txt", "/big.bin"] {
+        let n = if path == "/big.bin" { "400" } else { "10000" };
+        let out = Command::new("h2load")
+            .args(["-n", n, "-c", "4", "-m", "100", "-t", "1", &s.url(path)])
+            .output()
+            .expect("h2load must be installed (./dev setup installs nghttp2-client)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(
+            text.contains(&format!(
+                "requests: {n} total, {n} started, {n} done, {n} succeeded, 0 failed, 0 errored"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("Application protocol: h2"), "{text}");
+    }
+}
+
+/// The h2spec binary: on PATH or where `go install` puts it.
+fn h2spec() -> String {
+    for p in ["h2spec", "/usr/local/bin/h2spec", "/root/go/bin/h2spec"] {
+        if Command::new(p).arg("--version").output().is_ok() {
+            return p.to_string();
+        }
+    }
+    panic!("h2spec must be installed (./dev setup installs it with go install)");
+}
+
+#[test]
+fn h2spec_conformance_suite_passes_in_strict_mode() {
+    let f = Fixture::new();
+    let s = Server::start(&f, &config(&f, "[access_log]\ntarget = \"off\"", ""));
+    let out = Command::new(h2spec())
+        .args([
+            "--strict",
+            "--tls",
+            "--insecure",
+            "--timeout",
+            "5",
+            "--host",
+            "127.0.0.1",
+        ])
+        .args(["--port", &s.addr.port().to_string(), "--path", "/hello.txt"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 failed"), "{text}");
+}
+
+#[test]
+fn reload_and_shutdown_finish_streams_in_flight() {
+    let (f, huge) = fixture_with_huge();
+    let s = Server::start(&f, &config(&f, "[server]\nshutdown_timeout = \"30s\"", ""));
+    let mut s = s;
+    rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (client, conn) = h2::client::handshake(tls).await.unwrap();
+        let conn = tokio::spawn(conn);
+        let mut c = client.clone().ready().await.unwrap();
+        let req = http::Request::get("https://localhost/huge.bin")
+            .body(())
+            .unwrap();
+        let (resp, _) = c.send_request(req, true).unwrap();
+        let (_, mut body) = resp.await.unwrap().into_parts();
+        let mut data = Vec::new();
+        let mut signalled = 0;
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+            data.extend_from_slice(&chunk);
+            // A slow reader: the response is still in flight when the
+            // signals come.
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            if signalled == 0 && data.len() > 1 << 20 {
+                s.signal("HUP");
+                signalled = 1;
+            } else if signalled == 1 && data.len() > 8 << 20 {
+                s.wait_log("reloaded configuration", Duration::from_secs(5));
+                s.signal("TERM");
+                signalled = 2;
+            }
+        }
+        assert_eq!(signalled, 2, "the response ended before the signals");
+        assert!(data == huge, "the stream in flight was cut or corrupted");
+        // GOAWAY came: the connection ends without error, and no new
+        // stream is accepted.
+        tokio::time::timeout(Duration::from_secs(10), conn)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    });
+    assert!(s.wait_exit(Duration::from_secs(20)).success());
+}
+
+// ---- floods, over raw frames ----
+
+mod frame {
+    pub const DATA: u8 = 0x0;
+    pub const HEADERS: u8 = 0x1;
+    pub const RST_STREAM: u8 = 0x3;
+    pub const SETTINGS: u8 = 0x4;
+    pub const PING: u8 = 0x6;
+    pub const GOAWAY: u8 = 0x7;
+    pub const WINDOW_UPDATE: u8 = 0x8;
+    pub const CONTINUATION: u8 = 0x9;
+}
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len();
+    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An HPACK block for `GET https://localhost{path}` (static-table names).
+fn get_block(path: &str) -> Vec<u8> {
+    let mut b = vec![0x82, 0x87, 0x04, path.len() as u8];
+    b.extend_from_slice(path.as_bytes());
+    b.extend_from_slice(&[0x01, 9]);
+    b.extend_from_slice(b"localhost");
+    b
+}
+
+/// The preface and our SETTINGS (`settings` as (id, value) pairs).
+fn preface(settings: &[(u16, u32)]) -> Vec<u8> {
+    let mut p = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut s = Vec::new();
+    for (id, v) in settings {
+        s.extend_from_slice(&id.to_be_bytes());
+        s.extend_from_slice(&v.to_be_bytes());
+    }
+    p.extend(frame(frame::SETTINGS, 0, 0, &s));
+    p
+}
+
+/// What a raw client saw from the server.
+#[derive(Default, Debug)]
+struct Seen {
+    goaway: Option<u32>,
+    /// RST_STREAM error codes by stream.
+    resets: Vec<(u32, u32)>,
+    data_bytes: usize,
+    closed: bool,
+}
+
+/// Reads frames until the server closes or `limit` passes.
+async fn read_frames(
+    mut r: tokio::io::ReadHalf<ClientTls<tokio::net::TcpStream>>,
+    limit: Duration,
+) -> Seen {
+    let mut seen = Seen::default();
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        while buf.len() >= 9 {
+            let len = (buf[0] as usize) << 16 | (buf[1] as usize) << 8 | buf[2] as usize;
+            if buf.len() < 9 + len {
+                break;
+            }
+            let (kind, stream) = (
+                buf[3],
+                u32::from_be_bytes(buf[5..9].try_into().unwrap()) & 0x7fff_ffff,
+            );
+            let payload = &buf[9..9 + len];
+            match kind {
+                frame::GOAWAY => {
+                    seen.goaway = Some(u32::from_be_bytes(payload[4..8].try_into().unwrap()))
+                }
+                frame::RST_STREAM => seen
+                    .resets
+                    .push((stream, u32::from_be_bytes(payload[..4].try_into().unwrap()))),
+                frame::DATA => seen.data_bytes += len,
+                _ => {}
+            }
+            buf.drain(..9 + len);
+        }
+        match tokio::time::timeout_at(deadline, r.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                seen.closed = true;
+                return seen;
+            }
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Err(_) => return seen,
+        }
+    }
+}
+
+/// Writes `frames` in batches until done or the server stops taking them.
+async fn flood(w: &mut tokio::io::WriteHalf<ClientTls<tokio::net::TcpStream>>, frames: &[u8]) {
+    for batch in frames.chunks(16 * 1024) {
+        if w.write_all(batch).await.is_err() || w.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The server's resident memory (KiB) and CPU time (clock ticks).
+fn usage(s: &Server) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", s.pid())).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let cpu = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    (rss, cpu)
+}
+
+/// Runs one flood connection, then proves a normal client is served and
+/// the server stayed within 64 MiB more memory and `cpu_secs` of CPU.
+fn flood_case(s: &Server, frames: Vec<u8>, listen: Duration, cpu_secs: u64) -> Seen {
+    let (rss0, cpu0) = usage(s);
+    let t0 = Instant::now();
+    let seen = rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (r, mut w) = tokio::io::split(tls);
+        let reader = tokio::spawn(read_frames(r, listen));
+        flood(&mut w, &frames).await;
+        // Served meanwhile: another client on another connection.
+        let (code, version, body) = curl2(s, &[&s.url("/hello.txt")]);
+        assert_eq!((code.as_str(), version.as_str()), ("200", "2"));
+        assert_eq!(body, HELLO.as_bytes());
+        reader.await.unwrap()
+    });
+    let (rss1, cpu1) = usage(s);
+    let ticks = 100; // USER_HZ on Linux
+    assert!(
+        rss1 < rss0 + 64 * 1024,
+        "memory grew from {rss0} to {rss1} KiB"
+    );
+    assert!(
+        cpu1 - cpu0 <= cpu_secs * ticks,
+        "{} s of CPU for the flood in {:?}",
+        (cpu1 - cpu0) / ticks,
+        t0.elapsed()
+    );
+    seen
+}
+
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+const CANCEL: u32 = 0x8;
+
+fn flood_server(f: &Fixture, http2: &str) -> Server {
+    Server::start(
+        f,
+        &config(
+            f,
+            &format!(
+                "[access_log]\ntarget = \"off\"\n[limits]\nsend_timeout = \"2s\"\n[http2]\n{http2}"
+            ),
+            "",
+        ),
+    )
+}
+
+#[test]
+fn rapid_reset_is_cut_off_with_enhance_your_calm() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "");
+    let mut frames = preface(&[]);
+    for i in 0..20_000u32 {
+        let id = 2 * i + 1;
+        frames.extend(frame(frame::HEADERS, 0x5, id, &get_block("/big.bin")));
+        frames.extend(frame(frame::RST_STREAM, 0, id, &CANCEL.to_be_bytes()));
+    }
+    let seen = flood_case(&s, frames, Duration::from_secs(10), 5);
+    assert_eq!(seen.goaway, Some(ENHANCE_YOUR_CALM), "{seen:?}");
+    assert!(seen.closed, "{seen:?}");
+    let text = s.metrics_when(|t| t.contains("tlsgate_h2_rejected_total{reason=\"reset_flood\"}"));
+    let cut = text.contains("reason=\"reset_flood\"} 1")
+        || text.contains("reason=\"enhance_your_calm\"} 1");
+    assert!(cut, "{text}");
+    // Streams served for the flood stay near the reset burst, not 20,000.
+    assert!(s.metric("tlsgate_h2_streams_total") < 2_000.0);
+}
+
+#[test]
+fn continuation_flood_is_cut_off() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "");
+    let mut frames = preface(&[]);
+    // A header block that never ends: HEADERS without END_HEADERS, then
+    // CONTINUATION frames for ever.
+    frames.extend(frame(frame::HEADERS, 0x1, 1, &get_block("/hello.txt")));
+    for _ in 0..100_000 {
+        // `x: y`, a literal field without indexing, again and again.
+        frames.extend(frame(frame::CONTINUATION, 0, 1, &[0x00, 1, b'x', 1, b'y']));
+    }
+    let seen = flood_case(&s, frames, Duration::from_secs(10), 3);
+    assert_eq!(seen.goaway, Some(ENHANCE_YOUR_CALM), "{seen:?}");
+    assert!(seen.closed);
+    s.expect_metric_line("tlsgate_h2_rejected_total{reason=\"continuation_flood\"} 1\n");
+}
+
+#[test]
+fn ping_and_settings_floods_are_cut_off() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "");
+    for (kind, payload, reason) in [
+        (frame::PING, vec![0u8; 8], "ping_flood"),
+        (frame::SETTINGS, vec![], "settings_flood"),
+        (
+            frame::WINDOW_UPDATE,
+            vec![0, 0, 0, 1],
+            "window_update_flood",
+        ),
+    ] {
+        let mut frames = preface(&[]);
+        for _ in 0..200_000 {
+            frames.extend(frame(kind, 0, 0, &payload));
+        }
+        let seen = flood_case(&s, frames, Duration::from_secs(10), 5);
+        assert_eq!(seen.goaway, Some(ENHANCE_YOUR_CALM), "{reason}: {seen:?}");
+        assert!(seen.closed, "{reason}");
+        s.expect_metric_line(&format!(
+            "tlsgate_h2_rejected_total{{reason=\"{reason}\"}} 1\n"
+        ));
+    }
+    // Empty DATA frames on an open stream.
+    let mut frames = preface(&[]);
+    frames.extend(frame(frame::HEADERS, 0x4, 1, &get_block("/hello.txt")));
+    for _ in 0..200_000 {
+        frames.extend(frame(frame::DATA, 0, 1, &[]));
+    }
+    let seen = flood_case(&s, frames, Duration::from_secs(10), 5);
+    assert_eq!(seen.goaway, Some(ENHANCE_YOUR_CALM), "{seen:?}");
+    // h2 bounds empty DATA frames by itself, below the guard's budget.
+    let text = s.metrics_when(|t| {
+        t.contains("{reason=\"empty_frame_flood\"} 1")
+            || t.contains("{reason=\"enhance_your_calm\"} 1")
+    });
+    assert!(
+        text.contains("{reason=\"empty_frame_flood\"} 1")
+            || text.contains("{reason=\"enhance_your_calm\"} 1"),
+        "{text}"
+    );
+}
+
+#[test]
+fn zero_window_reader_is_reset_after_the_send_timeout() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "");
+    // SETTINGS_INITIAL_WINDOW_SIZE = 0: the server may send no DATA.
+    let mut frames = preface(&[(0x4, 0)]);
+    frames.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/big.bin")));
+    let t0 = Instant::now();
+    let seen = flood_case(&s, frames, Duration::from_secs(4), 2);
+    assert_eq!(seen.data_bytes, 0, "{seen:?}");
+    assert_eq!(seen.resets, vec![(1, CANCEL)], "{seen:?}");
+    assert!(t0.elapsed() >= Duration::from_secs(2));
+    s.expect_metric_line("tlsgate_timeouts_total{reason=\"h2_stream_send\"} 1\n");
+    s.expect_metric_line("tlsgate_h2_streams_open 0\n");
+}
+
+#[test]
+fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
+    let (f, _huge) = fixture_with_huge();
+    let s = flood_server(&f, "");
+    rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (_r, mut w) = tokio::io::split(tls);
+        // Big windows, then requests whose answers are never read.
+        let mut frames = preface(&[(0x4, 0x7fff_ffff)]);
+        frames.extend(frame(
+            frame::WINDOW_UPDATE,
+            0,
+            0,
+            &0x7fff_0000u32.to_be_bytes(),
+        ));
+        for i in 0..10u32 {
+            frames.extend(frame(
+                frame::HEADERS,
+                0x5,
+                2 * i + 1,
+                &get_block("/huge.bin"),
+            ));
+        }
+        w.write_all(&frames).await.unwrap();
+        w.flush().await.unwrap();
+        s.expect_metric_line("tlsgate_connections_open 1\n");
+        let t0 = Instant::now();
+        // send_timeout is 2 s: the connection is gone well within 10 s.
+        let text = s.metrics_when(|t| t.contains("tlsgate_connections_open 0\n"));
+        let text = if text.contains("tlsgate_connections_open 0\n") {
+            text
+        } else {
+            std::thread::sleep(Duration::from_secs(6));
+            s.expect_metric_line("tlsgate_connections_open 0\n")
+        };
+        assert!(t0.elapsed() < Duration::from_secs(12));
+        assert!(
+            text.contains("tlsgate_timeouts_total{reason=\"send\"}")
+                || text.contains("tlsgate_timeouts_total{reason=\"h2_stream_send\"}"),
+            "{text}"
+        );
+        // Served meanwhile and after.
+        assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).0, "200");
+    });
+}
