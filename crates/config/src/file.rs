@@ -26,6 +26,9 @@ pub struct ConfigFile {
     pub listeners: Vec<ListenerSection>,
     /// SYN cookies answered from XDP (SynGate); off without the table.
     pub xdp: Option<XdpSection>,
+    /// Upstream pools for proxied routes; `[[upstream]]` tables.
+    #[serde(rename = "upstream")]
+    pub upstreams: Vec<crate::proxy::UpstreamSection>,
 }
 
 /// `[server]`
@@ -260,6 +263,10 @@ pub struct ListenerSection {
     /// Certificates chosen by SNI.
     #[serde(rename = "certificate")]
     pub certificates: Vec<CertificateSection>,
+    /// Routes by Host, SNI and path prefix to a pool or another root;
+    /// requests no route matches are served from `root`.
+    #[serde(rename = "route")]
+    pub routes: Vec<crate::proxy::RouteSection>,
 }
 
 /// `[[listener.certificate]]`

@@ -11,9 +11,13 @@
 
 pub mod file;
 mod handshake;
+pub mod proxy;
 mod validate;
 mod xdp;
 
+pub use proxy::{
+    Balance, HashKey, HealthCheck, Route, RouteTarget, Upstream, UpstreamServer, UpstreamTls,
+};
 pub use xdp::{Xdp, XdpMode};
 
 use std::fmt;
@@ -90,6 +94,8 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// XDP SynGate, when `[xdp]` is present.
     pub xdp: Option<Xdp>,
+    /// Upstream pools (`[[upstream]]`), referred to by routes by index.
+    pub upstreams: Vec<Upstream>,
 }
 
 /// Whom the network-facing process runs as once its sockets are bound.
@@ -448,6 +454,8 @@ pub struct Listener {
     pub certificates: Certificates,
     /// Kernel TLS.
     pub offload: Offload,
+    /// Routes to pools or other roots (`[[listener.route]]`), in file order.
+    pub routes: Vec<Route>,
 }
 
 /// Reads a config file's text, for messages that need it.

@@ -80,6 +80,18 @@ pub fn load(
             }
         }
     }
+    {
+        let ConfigFile {
+            upstreams,
+            listeners,
+            ..
+        } = &mut file;
+        let mut routes: Vec<_> = listeners
+            .iter_mut()
+            .flat_map(|l| l.routes.iter_mut())
+            .collect();
+        crate::proxy::resolve_paths(&base_dir, upstreams, &mut routes);
+    }
     if let Some(k) = &mut file.tls.ticket_key_file {
         *k = base_dir.join(&*k);
     }
@@ -285,10 +297,18 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
             "expected at least one [[listener]] table (or --listen on the command line)",
         ));
     }
+    let upstreams = crate::proxy::validate_upstreams(&c, &f.upstreams)?;
     let mut listeners = Vec::with_capacity(f.listeners.len());
     let mut seen = Vec::new();
     for (i, ls) in f.listeners.iter().enumerate() {
-        let listener = validate_listener(&c, i, ls, tls.unknown_sni)?;
+        let mut listener = validate_listener(&c, i, ls, tls.unknown_sni)?;
+        listener.routes = crate::proxy::validate_routes(
+            &c,
+            &listener.key_path,
+            &ls.routes,
+            &upstreams,
+            limits.max_body_bytes,
+        )?;
         for a in &listener.addrs {
             if a.port() != 0 && seen.contains(a) {
                 return Err(c.err(
@@ -319,6 +339,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         access_log,
         listeners,
         xdp,
+        upstreams,
     })
 }
 
@@ -566,6 +587,7 @@ fn validate_listener(
         client_auth,
         certificates,
         offload,
+        routes: Vec::new(),
     })
 }
 
