@@ -12,6 +12,9 @@ use prometheus_client::registry::Registry;
 
 pub use prometheus_client::collector::Collector;
 
+mod proxy;
+pub use proxy::{PoolLabel, ProxyErrorLabels, ProxyMetrics, ServerErrorLabels, ServerLabels};
+
 /// The metric types, for code that keeps clones of single metrics.
 pub mod types {
     pub use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
@@ -148,6 +151,8 @@ pub struct Metrics {
     pub body_bytes: Family<PathLabel, Counter>,
     /// The kernel's kTLS counters (`/proc/net/tls_stat`; set when read).
     pub kernel_tls: Family<CounterLabel, Gauge>,
+    /// The reverse proxy's pools and servers.
+    pub proxy: ProxyMetrics,
 }
 
 impl Default for Metrics {
@@ -192,7 +197,9 @@ impl Metrics {
             ktls_closed: Family::default(),
             body_bytes: Family::default(),
             kernel_tls: Family::default(),
+            proxy: ProxyMetrics::new(),
         };
+        m.proxy.register(&mut m.registry);
         let r = &mut m.registry;
         r.register(
             "connections_open",
