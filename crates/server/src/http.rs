@@ -47,7 +47,7 @@ pub(crate) struct HttpCtx<'a> {
 }
 
 /// How a connection ended; for the timeout metrics.
-enum End {
+pub(crate) enum End {
     Done,
     Timeout(&'static str),
     /// A response broke off after its head: the connection is dropped
@@ -56,9 +56,9 @@ enum End {
 }
 
 /// A response's outcome for logs and metrics.
-struct Answered {
-    status: u16,
-    body_bytes: u64,
+pub(crate) struct Answered {
+    pub status: u16,
+    pub body_bytes: u64,
 }
 
 /// Reads more bytes into the tail of `buf`. Callers that may cancel this
@@ -212,6 +212,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                     bytes,
                     t0,
                     SystemTime::now(),
+                    None,
                 );
                 let _ = send(io, &mut out, cx).await;
                 close(io).await;
@@ -228,11 +229,31 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             && !*cx.shutdown.borrow();
         inbuf.drain(..head.head_len().min(inbuf.len()));
 
+        // A route may send the request to an upstream pool (which reads
+        // the body itself) or to another document root.
+        let (root, proxied) = match crate::proxy::route(cx, &head) {
+            crate::proxy::Routed::Root(root) => (root, None),
+            crate::proxy::Routed::Pool(pool, max_body) => {
+                let args = (pool, max_body, keep_alive);
+                match crate::proxy::serve(io, cx, &head, &mut inbuf, &mut out, args).await {
+                    Ok((answered, note, keep)) => {
+                        keep_alive = keep;
+                        (&cx.site.root, Some((answered, note)))
+                    }
+                    Err(e) => return e,
+                }
+            }
+        };
+
         // The body: drained for GET/HEAD (we have no use for it), never read
         // for other methods, which are refused and closed.
         let serves_method = matches!(head.method(), Method::Get | Method::Head);
         let mut early: Option<u16> = None;
-        match head.body() {
+        let framing = match proxied {
+            Some(_) => BodyFraming::None,
+            None => head.body(),
+        };
+        match framing {
             BodyFraming::None | BodyFraming::ContentLength(0) => {}
             _ if !serves_method => keep_alive = false,
             BodyFraming::ContentLength(n) if n > limits.max_body_bytes => early = Some(413),
@@ -251,8 +272,13 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             keep_alive = false;
         }
 
-        let answered = match early {
-            Some(status) => Answered {
+        let (proxied, note) = match proxied {
+            Some((answered, note)) => (Some(answered), Some(note)),
+            None => (None, None),
+        };
+        let answered = match (proxied, early) {
+            (Some(answered), _) => answered,
+            (None, Some(status)) => Answered {
                 status,
                 body_bytes: simple(
                     &mut out,
@@ -264,10 +290,12 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                     &[],
                 ),
             },
-            None => match respond(io, cx, &head, &mut out, &mut scratch, keep_alive).await {
-                Ok(a) => a,
-                Err(e) => return e,
-            },
+            (None, None) => {
+                match respond(io, cx, root, &head, &mut out, &mut scratch, keep_alive).await {
+                    Ok(a) => a,
+                    Err(e) => return e,
+                }
+            }
         };
         log_request(
             cx,
@@ -277,6 +305,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             answered.body_bytes,
             t0,
             wall,
+            note.as_ref(),
         );
 
         if !keep_alive {
@@ -401,7 +430,7 @@ fn common_head(out: &mut Vec<u8>, cx: &HttpCtx<'_>, status: u16, keep_alive: boo
 }
 
 /// A short text response (errors, redirects). Returns the body length.
-fn simple(
+pub(crate) fn simple(
     out: &mut Vec<u8>,
     cx: &HttpCtx<'_>,
     status: u16,
@@ -433,6 +462,7 @@ fn simple(
 async fn respond<T: Transport + Send>(
     io: &mut T,
     cx: &HttpCtx<'_>,
+    root: &tlsgate_files::DocumentRoot,
     head: &RequestHead,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
@@ -449,7 +479,7 @@ async fn respond<T: Transport + Send>(
         Method::Other(_) => return Ok(plain(out, 501, &[])),
         _ => return Ok(plain(out, 405, &[("Allow", b"GET, HEAD")])),
     }
-    let file = match cx.site.root.lookup(head.path()) {
+    let file = match root.lookup(head.path()) {
         Ok(Found::File(f)) => f,
         Ok(Found::Redirect(location)) => {
             let mut loc = location.into_bytes();
@@ -565,7 +595,7 @@ async fn respond<T: Transport + Send>(
     })
 }
 
-fn log_request(
+pub(crate) fn log_request(
     cx: &HttpCtx<'_>,
     ktls: bool,
     head: Option<&RequestHead>,
@@ -573,6 +603,7 @@ fn log_request(
     body_bytes: u64,
     t0: Instant,
     wall: SystemTime,
+    proxied: Option<&crate::proxy::Proxied>,
 ) {
     let m = &cx.shared.metrics;
     m.count_status(status);
@@ -601,6 +632,8 @@ fn log_request(
         tls_version: cx.tls_version,
         ktls,
         client: cx.client.as_ref(),
+        upstream: proxied.and_then(|p| p.server.as_deref()),
+        upstream_error: proxied.and_then(|p| p.reason),
     };
     if !cx
         .shared

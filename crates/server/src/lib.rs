@@ -15,6 +15,7 @@ mod http;
 mod keys;
 mod limiter;
 mod privileges;
+mod proxy;
 mod tickets;
 mod transport;
 mod worker;
@@ -125,7 +126,8 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
     privileges::resolve(&config)?;
     let keys = Keys::start(&config, launch)?;
     let certs = keys.certificates(&config, &[])?;
-    let gen = generation::build(config, certs, &TicketCache::checking())?;
+    let metrics = Metrics::new();
+    let gen = generation::build(config, certs, &TicketCache::checking(), &metrics.proxy)?;
     Ok(gen.config)
 }
 
@@ -167,7 +169,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let certs = keys.certificates(&config, &[])?;
     let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics);
-    let gen = generation::build(config, certs, &tickets)?;
+    let gen = generation::build(config, certs, &tickets, &metrics.proxy)?;
+    gen.pools.start_health_checks()?;
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -297,7 +300,7 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         .map_err(StartError::from)
         .and_then(|c| {
             let certs = keys.certificates(&c, &shared.current.load().key_ids)?;
-            generation::build(c, certs, tickets)
+            generation::build(c, certs, tickets, &shared.metrics.proxy)
         })
         .and_then(|new| {
             let old = shared.current.load();
@@ -335,6 +338,9 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
                 .access_log
                 .reopen(new.config.access_log.target.clone());
             let origin = new.config.origin.clone();
+            if let Err(e) = new.pools.start_health_checks() {
+                tracing::error!("cannot start the new pools' health checks: {e}");
+            }
             keys.set_active(new.key_ids.clone());
             shared.current.store(Arc::new(new));
             shared
