@@ -170,7 +170,6 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics);
     let gen = generation::build(config, certs, &tickets, &metrics.proxy)?;
-    gen.pools.start_health_checks()?;
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -233,6 +232,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let ktls = probe_ktls(&metrics);
     // Every socket is bound and no thread runs yet: drop privileges now.
     privileges::drop(ids)?;
+    // A thread of their own: started once privileges are gone.
+    gen.pools.start_health_checks()?;
     let access_log = AccessLog::start(&gen.config.access_log.target)?;
 
     let (shutdown, _) = watch::channel(false);
