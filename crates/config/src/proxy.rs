@@ -666,7 +666,7 @@ mod tests {
         let cases: &[(String, &str, &str)] = &[
             (with("[[upstream]]\nname = \"a b\"\n", ""), "upstream[0].name", "letters"),
             (with("[[upstream]]\nname = \"a\"\n", ""), "upstream[0].server", "at least one"),
-            (with(&format!("{POOL}{}", POOL.replace("[[upstream.server]]", "[[upstream.server]]")), ""), "upstream[1].name", "more than one"),
+            (with(&format!("{POOL}{POOL}"), ""), "upstream[1].name", "more than one"),
             (with("[[upstream]]\nname = \"a\"\n[[upstream.server]]\naddress = \"nowhere\"\n", ""), "upstream[0].server[0].address", "host:port"),
             (with("[[upstream]]\nname = \"a\"\n[[upstream.server]]\naddress = \"no-such-host.invalid:80\"\n", ""), "upstream[0].server[0].address", "cannot resolve"),
             (with(&pool("balance = \"random\"\n"), ""), "upstream[0].balance", "least_connections"),

@@ -178,10 +178,8 @@ fn find_head_end(window: &[u8]) -> Result<Option<usize>, ResponseError> {
                 }
                 line_start = i + 1;
             }
-            b'\r' => {
-                if window.get(i + 1).is_some_and(|&n| n != b'\n') {
-                    return Err(ResponseError::BareLineEnding);
-                }
+            b'\r' if window.get(i + 1).is_some_and(|&n| n != b'\n') => {
+                return Err(ResponseError::BareLineEnding);
             }
             _ => {}
         }

@@ -101,9 +101,8 @@ pub enum Outcome {
     },
 }
 
-/// Request header fields never passed on: hop-by-hop ones, framing we
-/// redo, and forwarding fields only the proxy may set.
-const REQUEST_DROP: &[&str] = &[
+/// Hop-by-hop fields (RFC 9110 §7.6.1), never passed on either way.
+const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -111,6 +110,11 @@ const REQUEST_DROP: &[&str] = &[
     "trailer",
     "transfer-encoding",
     "upgrade",
+];
+
+/// Request fields dropped besides those: framing we redo, and
+/// forwarding fields only the proxy may set.
+const REQUEST_DROP: &[&str] = &[
     "proxy-authorization",
     "content-length",
     "host",
@@ -123,18 +127,8 @@ const REQUEST_DROP: &[&str] = &[
     "x-forwarded-client-cert",
 ];
 
-/// Response header fields never passed on.
-const RESPONSE_DROP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authenticate",
-    "content-length",
-];
+/// Response fields dropped besides the hop-by-hop ones.
+const RESPONSE_DROP: &[&str] = &["proxy-authenticate", "content-length"];
 
 /// Names listed in `Connection` fields (lower case): hop-by-hop too.
 fn connection_named<'h>(headers: impl Iterator<Item = (&'h str, &'h [u8])>) -> Vec<Vec<u8>> {
@@ -145,7 +139,10 @@ fn connection_named<'h>(headers: impl Iterator<Item = (&'h str, &'h [u8])>) -> V
 }
 
 fn dropped(name: &str, fixed: &[&str], named: &[Vec<u8>]) -> bool {
-    fixed.iter().any(|f| name.eq_ignore_ascii_case(f))
+    HOP_BY_HOP
+        .iter()
+        .chain(fixed)
+        .any(|f| name.eq_ignore_ascii_case(f))
         || named
             .iter()
             .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
@@ -261,10 +258,8 @@ pub async fn forward<D: Downstream + Send>(
             return refuse(413, "body_too_large", None, false);
         }
     }
-    if !out.is_empty() {
-        if send(client, out, r.send_timeout).await.is_err() {
-            return refuse(502, "client_gone", None, false);
-        }
+    if !out.is_empty() && send(client, out, r.send_timeout).await.is_err() {
+        return refuse(502, "client_gone", None, false);
     }
     let req_head = upstream_head(r);
     // A body already here in full can be sent again to another server.

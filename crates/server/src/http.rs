@@ -595,6 +595,8 @@ async fn respond<T: Transport + Send>(
     })
 }
 
+// One record's worth of facts, each from a different place.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn log_request(
     cx: &HttpCtx<'_>,
     ktls: bool,

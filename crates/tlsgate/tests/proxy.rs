@@ -262,18 +262,6 @@ fn serve_conn(
 // PKI for upstream TLS.
 // ---------------------------------------------------------------------
 
-fn make_ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name.push(rcgen::DnType::CommonName, name);
-    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    (p.self_signed(&key).unwrap(), key)
-}
-
 /// A leaf signed by `ca`: (cert DER, key DER, cert PEM path, key PEM path).
 fn make_leaf(
     dir: &Path,
@@ -468,6 +456,67 @@ fn route(path: &str, upstream: &str, extra: &str) -> String {
     format!("[[listener.route]]\npath = {path:?}\nupstream = {upstream:?}\n{extra}\n")
 }
 
+/// Routes from (path prefix, pool) pairs.
+fn routes(pairs: &[(&str, &str)]) -> String {
+    pairs.iter().map(|(p, u)| route(p, u, "")).collect()
+}
+
+/// Clients requesting `/id` in a loop until stopped, half of them on a
+/// new connection per request.
+struct Loop {
+    stop: Arc<AtomicBool>,
+    failures: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Loop {
+    fn start(addr: SocketAddr, clients: usize) -> Loop {
+        let (stop, failures, seen) = (
+            Arc::<AtomicBool>::default(),
+            Arc::<AtomicUsize>::default(),
+            Arc::<Mutex<Vec<String>>>::default(),
+        );
+        let threads = (0..clients)
+            .map(|i| {
+                let (stop, failures, seen) = (stop.clone(), failures.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    let mut s = tls_connect(addr);
+                    while !stop.load(Ordering::Relaxed) {
+                        if i % 2 == 1 {
+                            s = tls_connect(addr);
+                        }
+                        match get(&mut s, "/id", "") {
+                            Ok(r) if r.status == 200 => seen.lock().unwrap().push(body_text(&r)),
+                            other => {
+                                eprintln!("failed: {:?}", other.map(|r| r.head));
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                s = tls_connect(addr);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Loop {
+            stop,
+            failures,
+            seen,
+            threads,
+        }
+    }
+
+    /// Stops the clients: (failed requests, answers in order).
+    fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let seen = std::mem::take(&mut *self.seen.lock().unwrap());
+        (self.failures.load(Ordering::Relaxed), seen)
+    }
+}
+
 /// Clients here open a connection per request, faster than the default
 /// handshake rate limit per source allows.
 const NO_RATE_LIMIT: &str = "[limits]\nhandshake_rate_per_source = 0\n";
@@ -522,13 +571,12 @@ fn requests_are_balanced_as_configured_over_rust_and_python_upstreams() {
         ),
     ]
     .concat();
-    let routes = [
-        route("/id", "rr", ""),
-        route("/w", "weighted", ""),
-        route("/lc", "lc", ""),
-        route("/h", "hash", ""),
-    ]
-    .concat();
+    let routes = routes(&[
+        ("/id", "rr"),
+        ("/w", "weighted"),
+        ("/lc", "lc"),
+        ("/h", "hash"),
+    ]);
     let server = start(&fx, "", &pools, &routes);
     let counts = || {
         (
@@ -615,37 +663,7 @@ fn a_killed_upstream_fails_no_idempotent_request() {
         "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"500ms\"\nfall = 1\nrise = 1\n",
     );
     let server = start(&fx, "", &pools, &route("/", "app", ""));
-    let stop = Arc::new(AtomicBool::new(false));
-    let failures = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let clients: Vec<_> = (0..4)
-        .map(|i| {
-            let (stop, failures, done, addr) =
-                (stop.clone(), failures.clone(), done.clone(), server.addr);
-            std::thread::spawn(move || {
-                let mut s = tls_connect(addr);
-                while !stop.load(Ordering::Relaxed) {
-                    // Half the clients open a connection per request.
-                    if i % 2 == 1 {
-                        s = tls_connect(addr);
-                    }
-                    match get(&mut s, "/id", "") {
-                        Ok(r) if r.status == 200 => {}
-                        Ok(r) => {
-                            eprintln!("failed: {}", r.head);
-                            failures.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            eprintln!("failed: {e}");
-                            failures.fetch_add(1, Ordering::Relaxed);
-                            s = tls_connect(addr);
-                        }
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
+    let clients = Loop::start(server.addr, 4);
     std::thread::sleep(Duration::from_millis(700));
     a.kill();
     std::thread::sleep(Duration::from_millis(700));
@@ -654,16 +672,9 @@ fn a_killed_upstream_fails_no_idempotent_request() {
     std::thread::sleep(Duration::from_millis(700));
     let b_before = b.requests.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    for t in clients {
-        t.join().unwrap();
-    }
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "{}", server.log());
-    assert!(
-        done.load(Ordering::Relaxed) > 200,
-        "{}",
-        done.load(Ordering::Relaxed)
-    );
+    let (failures, seen) = clients.finish();
+    assert_eq!(failures, 0, "{}", server.log());
+    assert!(seen.len() > 200, "{}", seen.len());
     // Out of service: only health checks reach b now.
     let b_after = b.requests.load(Ordering::Relaxed);
     assert!(
@@ -726,8 +737,8 @@ fn a_slow_upstream_is_answered_504_at_the_timeout() {
 fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
     let fx = Fixture::new();
     let dir = fx.path();
-    let ca = make_ca("upstream CA");
-    let other = make_ca("someone else's CA");
+    let ca = common::make_ca("upstream CA");
+    let other = common::make_ca("someone else's CA");
     let ca_pem = dir.join("up-ca.pem");
     std::fs::write(&ca_pem, ca.0.pem()).unwrap();
     let other_pem = dir.join("other-ca.pem");
@@ -760,13 +771,12 @@ fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
         ),
     ]
     .concat();
-    let routes = [
-        route("/tls", "tls", ""),
-        route("/mtls", "mtls", ""),
-        route("/nocert", "nocert", ""),
-        route("/wrongca", "wrongca", ""),
-    ]
-    .concat();
+    let routes = routes(&[
+        ("/tls", "tls"),
+        ("/mtls", "mtls"),
+        ("/nocert", "nocert"),
+        ("/wrongca", "wrongca"),
+    ]);
     let server = start(&fx, "", &pools, &routes);
     let mut s = tls_connect(server.addr);
     let r = get(&mut s, "/tls", "").unwrap();
@@ -840,45 +850,34 @@ fn chunked_uploads_and_downloads_are_byte_exact_up_to_100_mib() {
         let input = fx.path().join(format!("in-{n}"));
         std::fs::write(&input, &data).unwrap();
         let out = fx.path().join(format!("out-{n}"));
-        // Upload, chunked; the echo comes back chunked.
-        let code = curl_to(
-            &server,
-            &[
-                "-H",
-                "Transfer-Encoding: chunked",
-                "--data-binary",
-                &format!("@{}", input.display()),
-                &server.url("/echo"),
-            ],
-            &out,
-        );
-        assert_eq!(code, "200");
-        assert!(
-            std::fs::read(&out).unwrap() == data,
-            "chunked upload of {n} bytes differs"
-        );
-        // Upload with Content-Length.
-        let code = curl_to(
-            &server,
-            &[
-                "--data-binary",
-                &format!("@{}", input.display()),
-                &server.url("/echo"),
-            ],
-            &out,
-        );
-        assert_eq!(code, "200");
-        assert!(
-            std::fs::read(&out).unwrap() == data,
-            "upload of {n} bytes differs"
-        );
-        // Download, chunked.
-        let code = curl_to(&server, &[&server.url(&format!("/gen?n={n}"))], &out);
-        assert_eq!(code, "200");
-        assert!(
-            std::fs::read(&out).unwrap() == data,
-            "download of {n} bytes differs"
-        );
+        let upload = format!("@{}", input.display());
+        let echo = server.url("/echo");
+        let gen = server.url(&format!("/gen?n={n}"));
+        let ways: [(&str, Vec<&str>); 3] = [
+            // Chunked upload; the echo comes back chunked.
+            (
+                "chunked upload",
+                vec![
+                    "-H",
+                    "Transfer-Encoding: chunked",
+                    "--data-binary",
+                    &upload,
+                    &echo,
+                ],
+            ),
+            (
+                "upload with Content-Length",
+                vec!["--data-binary", &upload, &echo],
+            ),
+            ("chunked download", vec![&gen]),
+        ];
+        for (what, args) in ways {
+            assert_eq!(curl_to(&server, &args, &out), "200", "{what} of {n} bytes");
+            assert!(
+                std::fs::read(&out).unwrap() == data,
+                "{what} of {n} bytes differs"
+            );
+        }
     }
     // Above the route's limit: 413 before the upstream sees it.
     let before = a.requests.load(Ordering::Relaxed);
@@ -1030,49 +1029,21 @@ fn sighup_changes_a_pool_while_a_client_loops_without_a_failure() {
     };
     let text = |addr: &str| fx.config(&config(addr), &route("/", "app", ""));
     let server = Server::start(&fx, &text(&a.address()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let failures = Arc::new(AtomicUsize::new(0));
-    let clients: Vec<_> = (0..2)
-        .map(|i| {
-            let (stop, seen, failures, addr) =
-                (stop.clone(), seen.clone(), failures.clone(), server.addr);
-            std::thread::spawn(move || {
-                let mut s = tls_connect(addr);
-                while !stop.load(Ordering::Relaxed) {
-                    if i == 1 {
-                        s = tls_connect(addr);
-                    }
-                    match get(&mut s, "/id", "") {
-                        Ok(r) if r.status == 200 => seen.lock().unwrap().push(body_text(&r)),
-                        other => {
-                            eprintln!("failed: {:?}", other.map(|r| r.head));
-                            failures.fetch_add(1, Ordering::Relaxed);
-                            s = tls_connect(addr);
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
+    let clients = Loop::start(server.addr, 2);
     for (round, to) in [&b, &a, &b].iter().enumerate() {
         std::thread::sleep(Duration::from_millis(400));
         fx.write_config(&text(&to.address()));
         server.signal("HUP");
-        let want = format!("reloaded configuration from");
+        let want = "reloaded configuration from";
         let deadline = Instant::now() + Duration::from_secs(5);
-        while server.log().matches(&want).count() < round + 1 {
+        while server.log().matches(want).count() < round + 1 {
             assert!(Instant::now() < deadline, "{}", server.log());
             std::thread::sleep(Duration::from_millis(20));
         }
     }
     std::thread::sleep(Duration::from_millis(400));
-    stop.store(true, Ordering::Relaxed);
-    for t in clients {
-        t.join().unwrap();
-    }
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "{}", server.log());
-    let seen = seen.lock().unwrap();
+    let (failures, seen) = clients.finish();
+    assert_eq!(failures, 0, "{}", server.log());
     assert!(seen.len() > 100, "{}", seen.len());
     assert_eq!(seen.last().map(String::as_str), Some("b"));
     assert!(seen.iter().any(|s| s == "a"));
