@@ -606,13 +606,13 @@ async fn read_response(
                 }
             }
             let at = ubuf.len();
-            ubuf.resize(at + 16 * 1024, 0);
+            // Into spare capacity: no zeroing of a fresh buffer per response.
+            ubuf.reserve(16 * 1024);
             let n = conn
                 .stream
-                .read(ubuf.get_mut(at..).unwrap_or_default())
+                .read_buf(&mut ubuf)
                 .await
                 .map_err(|_| Failure::Reset)?;
-            ubuf.truncate(at + n);
             if n == 0 {
                 // Closed before a complete head: a reset when nothing came.
                 return Err(if at == 0 {
@@ -692,7 +692,8 @@ async fn relay<D: Downstream>(
     };
     let idle = pool.cfg.idle_timeout;
     let mut sent: u64 = 0;
-    let mut buf = vec![0u8; CHUNK];
+    // Only bodies longer than what came with the head need it.
+    let mut buf: Vec<u8> = Vec::new();
     let abort = |sent: u64, f: &'static str| Outcome::Aborted {
         status,
         body_bytes: sent,
@@ -703,6 +704,9 @@ async fn relay<D: Downstream>(
     macro_rules! up_read {
         () => {
             match within(deadline, idle, Failure::IdleTimeout, async {
+                if buf.is_empty() {
+                    buf.resize(CHUNK, 0);
+                }
                 conn.stream
                     .read(&mut buf)
                     .await
