@@ -1083,3 +1083,52 @@ fn check_config_names_the_file_and_key_of_a_bad_pool() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("listener[0].route[0].upstream"), "{err}");
 }
+
+#[test]
+fn the_client_certificate_identity_reaches_the_upstream_and_forged_copies_do_not() {
+    let fx = Fixture::new();
+    let ca = common::make_ca("client CA");
+    let ca_pem = fx.path().join("client-ca.pem");
+    std::fs::write(&ca_pem, ca.0.pem()).unwrap();
+    let (_, _, crt, key) = make_leaf(fx.path(), "svc-a", &["svc-a.internal"], true, &ca);
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    // Keys of the listener's certificate entry, then the route.
+    let extra = format!(
+        "client_auth = \"optional\"\nclient_ca = {ca_pem:?}\n{}",
+        route("/", "app", "")
+    );
+    let server = start(&fx, "", &pools, &extra);
+    let forged = "X-Forwarded-Client-Cert: Hash=forged;Subject=\"CN=admin\"";
+    let with_cert = server.curl(&[
+        "--cert",
+        crt.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "-H",
+        forged,
+        &server.url("/headers"),
+    ]);
+    let head = String::from_utf8_lossy(&with_cert.stdout).into_owned();
+    let xfcc = head
+        .lines()
+        .filter(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("x-forwarded-client-cert:")
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(xfcc.len(), 1, "{head}");
+    assert!(xfcc[0].contains("Subject=\"CN=svc-a\""), "{head}");
+    assert!(xfcc[0].contains("DNS=\"svc-a.internal\""), "{head}");
+    assert!(!head.contains("forged"), "{head}");
+    // Without a certificate, a client's copy is dropped and none is added.
+    let without = server.curl(&["-H", forged, &server.url("/headers")]);
+    let head = String::from_utf8_lossy(&without.stdout).into_owned();
+    assert!(head.starts_with("GET /headers HTTP/1.1\r\n"), "{head}");
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("x-forwarded-client-cert"),
+        "{head}"
+    );
+}
