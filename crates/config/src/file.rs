@@ -28,6 +28,9 @@ pub struct ConfigFile {
     pub xdp: Option<XdpSection>,
     /// HTTP/2 limits, for every listener that offers `h2`.
     pub http2: Http2Section,
+    /// Upstream pools for proxied routes; `[[upstream]]` tables.
+    #[serde(rename = "upstream")]
+    pub upstreams: Vec<crate::proxy::UpstreamSection>,
 }
 
 /// `[server]`
@@ -266,6 +269,10 @@ pub struct ListenerSection {
     /// Certificates chosen by SNI.
     #[serde(rename = "certificate")]
     pub certificates: Vec<CertificateSection>,
+    /// Routes by Host, SNI and path prefix to a pool or another root;
+    /// requests no route matches are served from `root`.
+    #[serde(rename = "route")]
+    pub routes: Vec<crate::proxy::RouteSection>,
 }
 
 /// `[[listener.certificate]]`

@@ -12,10 +12,15 @@
 pub mod file;
 mod handshake;
 mod http2;
+pub mod proxy;
 mod validate;
 mod xdp;
 
 pub use http2::{Alpn, FrameRate, Http2};
+
+pub use proxy::{
+    Balance, HashKey, HealthCheck, Route, RouteTarget, Upstream, UpstreamServer, UpstreamTls,
+};
 pub use xdp::{Xdp, XdpMode};
 
 use std::fmt;
@@ -94,6 +99,8 @@ pub struct Config {
     pub xdp: Option<Xdp>,
     /// HTTP/2 limits.
     pub http2: Http2,
+    /// Upstream pools (`[[upstream]]`), referred to by routes by index.
+    pub upstreams: Vec<Upstream>,
 }
 
 /// Whom the network-facing process runs as once its sockets are bound.
@@ -454,6 +461,8 @@ pub struct Listener {
     pub offload: Offload,
     /// ALPN protocols in the server's order of preference (non-empty).
     pub alpn: Vec<Alpn>,
+    /// Routes to pools or other roots (`[[listener.route]]`), in file order.
+    pub routes: Vec<Route>,
 }
 
 /// Reads a config file's text, for messages that need it.

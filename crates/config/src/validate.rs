@@ -80,6 +80,18 @@ pub fn load(
             }
         }
     }
+    {
+        let ConfigFile {
+            upstreams,
+            listeners,
+            ..
+        } = &mut file;
+        let mut routes: Vec<_> = listeners
+            .iter_mut()
+            .flat_map(|l| l.routes.iter_mut())
+            .collect();
+        crate::proxy::resolve_paths(&base_dir, upstreams, &mut routes);
+    }
     if let Some(k) = &mut file.tls.ticket_key_file {
         *k = base_dir.join(&*k);
     }
@@ -286,10 +298,35 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
             "expected at least one [[listener]] table (or --listen on the command line)",
         ));
     }
+    let upstreams = crate::proxy::validate_upstreams(&c, &f.upstreams)?;
     let mut listeners = Vec::with_capacity(f.listeners.len());
     let mut seen = Vec::new();
     for (i, ls) in f.listeners.iter().enumerate() {
-        let listener = validate_listener(&c, i, ls, tls.unknown_sni)?;
+        let mut listener = validate_listener(&c, i, ls, tls.unknown_sni)?;
+        listener.routes = crate::proxy::validate_routes(
+            &c,
+            &listener.key_path,
+            &ls.routes,
+            &upstreams,
+            limits.max_body_bytes,
+        )?;
+        // The proxy answers clients over HTTP/1.1 only (for now): a listener
+        // with routes to pools does not offer h2 unless told to, and cannot
+        // be told to.
+        let proxies = listener
+            .routes
+            .iter()
+            .any(|r| matches!(r.target, crate::proxy::RouteTarget::Upstream(_)));
+        if proxies && listener.alpn.contains(&crate::Alpn::H2) {
+            if ls.alpn.is_some() {
+                return Err(c.err(
+                    format!("{}.alpn", listener.key_path),
+                    "\"h2\" cannot be offered on a listener with routes to [[upstream]] pools yet \
+                     (the proxy speaks HTTP/1.1 to clients): use alpn = [\"http/1.1\"]",
+                ));
+            }
+            listener.alpn.retain(|a| *a != crate::Alpn::H2);
+        }
         for a in &listener.addrs {
             if a.port() != 0 && seen.contains(a) {
                 return Err(c.err(
@@ -321,6 +358,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         listeners,
         xdp,
         http2,
+        upstreams,
     })
 }
 
@@ -570,6 +608,7 @@ fn validate_listener(
         certificates,
         offload,
         alpn,
+        routes: Vec::new(),
     })
 }
 

@@ -21,8 +21,22 @@ mod syntax;
 mod target;
 #[cfg(test)]
 mod testutil;
+pub mod upstream;
 
 pub use chunked::{ChunkedDecoder, Decoded};
 pub use error::{ChunkError, ParseError};
 pub use request::{parse_request, BodyFraming, Limits, Method, RequestHead, Version};
 pub use response::{end_head, reason_phrase, write_header, write_header_u64, write_status_line};
+pub use upstream::{parse_response, ResponseError, ResponseFraming, ResponseHead};
+
+/// The non-empty, OWS-trimmed elements of a comma-separated header value
+/// (e.g. the options of a `Connection` header).
+pub fn list_elements(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    syntax::list_elements(value).filter(|e| !e.is_empty())
+}
+
+/// Whether `value` may be sent as a header value: no CR, LF, NUL or other
+/// control characters (HTAB excepted).
+pub fn is_field_value(value: &[u8]) -> bool {
+    value.iter().all(|&b| syntax::is_field_value_byte(b))
+}

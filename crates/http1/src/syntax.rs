@@ -71,6 +71,17 @@ pub(crate) fn trim_ows(mut s: &[u8]) -> &[u8] {
     s
 }
 
+/// Strips leading OWS only.
+pub(crate) fn trim_ows_start(mut s: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = s {
+        if !is_ows(*first) {
+            break;
+        }
+        s = rest;
+    }
+    s
+}
+
 /// Elements of a comma-separated list, OWS-trimmed. Empty elements are
 /// yielded too; callers decide whether they are acceptable.
 pub(crate) fn list_elements(s: &[u8]) -> impl Iterator<Item = &[u8]> {

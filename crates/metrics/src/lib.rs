@@ -12,6 +12,9 @@ use prometheus_client::registry::Registry;
 
 pub use prometheus_client::collector::Collector;
 
+mod proxy;
+pub use proxy::{PoolLabel, ProxyErrorLabels, ProxyMetrics, ServerErrorLabels, ServerLabels};
+
 /// The metric types, for code that keeps clones of single metrics.
 pub mod types {
     pub use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
@@ -166,6 +169,8 @@ pub struct Metrics {
     /// HTTP/2 connections ended by an error or a limit, and streams
     /// reset by the server, by reason.
     pub h2_rejected: Family<ReasonLabel, Counter>,
+    /// The reverse proxy's pools and servers.
+    pub proxy: ProxyMetrics,
 }
 
 impl Default for Metrics {
@@ -214,7 +219,9 @@ impl Metrics {
             h2_streams_open: Gauge::default(),
             h2_streams: Counter::default(),
             h2_rejected: Family::default(),
+            proxy: ProxyMetrics::new(),
         };
+        m.proxy.register(&mut m.registry);
         let r = &mut m.registry;
         r.register(
             "connections_open",

@@ -44,6 +44,10 @@ pub struct Record<'a> {
     pub ktls: bool,
     /// The verified client certificate (mutual TLS), if any.
     pub client: Option<&'a ClientIdentity>,
+    /// The upstream server of a proxied request, if one was tried.
+    pub upstream: Option<&'a str>,
+    /// Why a proxied request failed (`connect`, `response_timeout`...).
+    pub upstream_error: Option<&'a str>,
 }
 
 enum Msg {
@@ -222,7 +226,17 @@ fn combined(r: &Record<'_>) -> String {
     escaped(&mut s, r.referer.unwrap_or(b"-"));
     s.push_str("\" \"");
     escaped(&mut s, r.user_agent.unwrap_or(b"-"));
-    s.push_str("\"\n");
+    s.push('"');
+    // Proxied requests only: the combined format's fields stay as they are.
+    if let Some(u) = r.upstream {
+        s.push_str(" upstream=");
+        escaped(&mut s, u.as_bytes());
+    }
+    if let Some(e) = r.upstream_error {
+        s.push_str(" upstream_error=");
+        escaped(&mut s, e.as_bytes());
+    }
+    s.push('\n');
     s
 }
 
@@ -279,6 +293,8 @@ fn json(r: &Record<'_>) -> String {
             "sans": c.sans,
             "sha256": c.sha256_hex(),
         })),
+        "upstream": r.upstream,
+        "upstream_error": r.upstream_error,
     });
     let mut s = v.to_string();
     s.push('\n');
@@ -306,7 +322,27 @@ mod tests {
             tls_version: Some("TLSv1.3"),
             ktls: false,
             client: None,
+            upstream: None,
+            upstream_error: None,
         }
+    }
+
+    #[test]
+    fn proxied_requests_name_the_upstream_and_the_error() {
+        let r = Record {
+            status: 502,
+            upstream: Some("10.0.0.1:80"),
+            upstream_error: Some("connect"),
+            ..rec()
+        };
+        let line = format(LogFormat::Combined, &r);
+        assert!(
+            line.ends_with("\" upstream=10.0.0.1:80 upstream_error=connect\n"),
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&format(LogFormat::Json, &r)).unwrap();
+        assert_eq!(v["upstream"], "10.0.0.1:80");
+        assert_eq!(v["upstream_error"], "connect");
     }
 
     #[test]

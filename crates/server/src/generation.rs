@@ -4,6 +4,8 @@
 
 use tlsgate_config::{Config, ConfigError};
 use tlsgate_files::{DocumentRoot, RootOptions};
+use tlsgate_metrics::ProxyMetrics;
+use tlsgate_proxy::{Pools, Router};
 use tlsgate_tls::{ContextError, LoadedCert, TlsContext};
 
 use crate::tickets::TicketCache;
@@ -15,6 +17,8 @@ pub struct Site {
     pub tls: TlsContext,
     /// The open document root.
     pub root: DocumentRoot,
+    /// Routes to pools and other roots; requests none matches use `root`.
+    pub routes: Router<DocumentRoot>,
 }
 
 /// The running configuration and what was built from it.
@@ -25,6 +29,9 @@ pub struct Generation {
     pub sites: Vec<Site>,
     /// Ids of the keys its certificates sign with.
     pub key_ids: Vec<u64>,
+    /// Upstream pools (`[[upstream]]`); a reload builds new ones, requests
+    /// in flight finish on these.
+    pub pools: Pools,
 }
 
 /// Builds a generation from `config` and the certificates of each of its
@@ -34,8 +41,10 @@ pub fn build(
     config: Config,
     certs: Vec<Vec<LoadedCert>>,
     tickets: &TicketCache,
+    proxy_metrics: &ProxyMetrics,
 ) -> Result<Generation, StartError> {
     let origin = config.origin.clone();
+    let pools = Pools::build(&config, proxy_metrics)?;
     let ticket_keys = tickets.get(&config.tls.tickets).map_err(|e| {
         let key = match config.tls.tickets.key_file {
             Some(_) => "tls.ticket_key_file",
@@ -60,19 +69,26 @@ pub fn build(
             // configuration (here or on a fleet peer), under the same policy.
             tls.set_tickets(|tag| keys.for_listener(&format!("{}{tag}", l.key_path)));
         }
-        let root = DocumentRoot::open(
-            &l.root,
-            RootOptions {
-                index_files: l.index.clone(),
-                allow_symlinks_outside_root: l.allow_symlinks_outside_root,
-            },
-        )
-        .map_err(|e| ConfigError::new(&origin, format!("{}.root", l.key_path), e.to_string()))?;
-        sites.push(Site { tls, root });
+        let open = |key: String, path: &std::path::Path| {
+            DocumentRoot::open(
+                path,
+                RootOptions {
+                    index_files: l.index.clone(),
+                    allow_symlinks_outside_root: l.allow_symlinks_outside_root,
+                },
+            )
+            .map_err(|e| ConfigError::new(&origin, key, e.to_string()))
+        };
+        let root = open(format!("{}.root", l.key_path), &l.root)?;
+        let routes = Router::build(&l.routes, &pools, |r, path| {
+            open(format!("{}.root", r.key_path), path)
+        })?;
+        sites.push(Site { tls, root, routes });
     }
     Ok(Generation {
         config,
         sites,
         key_ids,
+        pools,
     })
 }

@@ -280,8 +280,22 @@ async fn serve_stream(
         version: "HTTP/2.0",
         referer: referer.as_deref(),
         user_agent: user_agent.as_deref(),
+        upstream: None,
+        upstream_error: None,
     };
     let is_head = method == Method::Head;
+    // The proxy speaks HTTP/1.1 to clients only: a listener with routes to
+    // upstream pools does not offer h2 (config validation), so a stream
+    // routed to a pool is a config this code does not expect: 502.
+    let authority = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str().as_bytes())
+        .or_else(|| h.get(http::header::HOST).map(HeaderValue::as_bytes));
+    let root = match crate::proxy::route_to(cx, authority, path) {
+        crate::proxy::Routed::Root(root) => Some(root),
+        crate::proxy::Routed::Pool(..) => None,
+    };
 
     // A body is read (and discarded) within the body limits whatever the
     // method, so that h2 checks it: content-length against the DATA
@@ -293,8 +307,10 @@ async fn serve_stream(
     };
     // `OPTIONS *` gets 405 like any other method; a GET whose `:path`
     // does not start with `/` gets 400 from the core.
-    let reply =
-        refused.unwrap_or_else(|| decide(cx, &request(&method, &parts.uri, path, &conditionals)));
+    let reply = refused.unwrap_or_else(|| match root {
+        Some(root) => decide(cx, root, &request(&method, &parts.uri, path, &conditionals)),
+        None => Reply::text(502),
+    });
     let status = reply.status();
     let body_len = if is_head { 0 } else { reply.body_len() };
     let mut head = Response::new(());

@@ -33,7 +33,7 @@ const LINGER: Duration = Duration::from_secs(2);
 const PROTOCOL: &str = "http/1.1";
 
 /// How a connection ended; for the timeout metrics.
-enum End {
+pub(crate) enum End {
     Done,
     Timeout(&'static str),
     /// A response broke off after its head: the connection is dropped
@@ -42,9 +42,9 @@ enum End {
 }
 
 /// A response's outcome for logs and metrics.
-struct Answered {
-    status: u16,
-    body_bytes: u64,
+pub(crate) struct Answered {
+    pub status: u16,
+    pub body_bytes: u64,
 }
 
 /// Reads more bytes into the tail of `buf`. Callers that may cancel this
@@ -198,6 +198,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                     bytes,
                     t0,
                     SystemTime::now(),
+                    None,
                 );
                 let _ = send(io, &mut out, cx).await;
                 close(io).await;
@@ -214,11 +215,31 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             && !*cx.shutdown.borrow();
         inbuf.drain(..head.head_len().min(inbuf.len()));
 
+        // A route may send the request to an upstream pool (which reads
+        // the body itself) or to another document root.
+        let (root, proxied) = match crate::proxy::route(cx, &head) {
+            crate::proxy::Routed::Root(root) => (root, None),
+            crate::proxy::Routed::Pool(pool, max_body) => {
+                let args = (pool, max_body, keep_alive);
+                match crate::proxy::serve(io, cx, &head, &mut inbuf, &mut out, args).await {
+                    Ok((answered, note, keep)) => {
+                        keep_alive = keep;
+                        (&cx.site.root, Some((answered, note)))
+                    }
+                    Err(e) => return e,
+                }
+            }
+        };
+
         // The body: drained for GET/HEAD (we have no use for it), never read
         // for other methods, which are refused and closed.
         let serves_method = matches!(head.method(), Method::Get | Method::Head);
         let mut early: Option<u16> = None;
-        match head.body() {
+        let framing = match proxied {
+            Some(_) => BodyFraming::None,
+            None => head.body(),
+        };
+        match framing {
             BodyFraming::None | BodyFraming::ContentLength(0) => {}
             _ if !serves_method => keep_alive = false,
             BodyFraming::ContentLength(n) if n > limits.max_body_bytes => early = Some(413),
@@ -237,8 +258,13 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             keep_alive = false;
         }
 
-        let answered = match early {
-            Some(status) => Answered {
+        let (proxied, note) = match proxied {
+            Some((answered, note)) => (Some(answered), Some(note)),
+            None => (None, None),
+        };
+        let answered = match (proxied, early) {
+            (Some(answered), _) => answered,
+            (None, Some(status)) => Answered {
                 status,
                 body_bytes: simple(
                     &mut out,
@@ -249,10 +275,12 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                     head.method() == &Method::Head,
                 ),
             },
-            None => match respond(io, cx, &head, &mut out, &mut scratch, keep_alive).await {
-                Ok(a) => a,
-                Err(e) => return e,
-            },
+            (None, None) => {
+                match respond(io, cx, root, &head, &mut out, &mut scratch, keep_alive).await {
+                    Ok(a) => a,
+                    Err(e) => return e,
+                }
+            }
         };
         log_request(
             cx,
@@ -262,6 +290,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             answered.body_bytes,
             t0,
             wall,
+            note.as_ref(),
         );
 
         if !keep_alive {
@@ -374,7 +403,7 @@ fn write_head(
 }
 
 /// A short text response (errors, redirects). Returns the body length.
-fn simple(
+pub(crate) fn simple(
     out: &mut Vec<u8>,
     cx: &HttpCtx<'_>,
     status: u16,
@@ -395,6 +424,7 @@ fn simple(
 async fn respond<T: Transport + Send>(
     io: &mut T,
     cx: &HttpCtx<'_>,
+    root: &tlsgate_files::DocumentRoot,
     head: &RequestHead,
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
@@ -415,7 +445,7 @@ async fn respond<T: Transport + Send>(
             range: head.header("range"),
         },
     };
-    let reply = decide(cx, &req);
+    let reply = decide(cx, root, &req);
     let status = reply.status();
     let (file, start, len) = match &reply {
         Reply::File {
@@ -490,7 +520,9 @@ async fn respond<T: Transport + Send>(
     })
 }
 
-fn log_request(
+// One record's worth of facts, each from a different place.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn log_request(
     cx: &HttpCtx<'_>,
     ktls: bool,
     head: Option<&RequestHead>,
@@ -498,8 +530,9 @@ fn log_request(
     body_bytes: u64,
     t0: Instant,
     wall: SystemTime,
+    proxied: Option<&crate::proxy::Proxied>,
 ) {
-    let logged = match head {
+    let mut logged = match head {
         None => Logged::UNREAD,
         Some(h) => Logged {
             method: h.method().as_str(),
@@ -510,7 +543,13 @@ fn log_request(
             },
             referer: h.header("referer"),
             user_agent: h.header("user-agent"),
+            upstream: None,
+            upstream_error: None,
         },
     };
+    if let Some(p) = proxied {
+        logged.upstream = p.server.as_deref();
+        logged.upstream_error = p.reason;
+    }
     respond::log_request(cx, PROTOCOL, ktls, &logged, status, body_bytes, t0, wall);
 }

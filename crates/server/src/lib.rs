@@ -16,6 +16,7 @@ mod http;
 mod keys;
 mod limiter;
 mod privileges;
+mod proxy;
 mod refusals;
 mod respond;
 mod tickets;
@@ -130,7 +131,8 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
     privileges::resolve(&config)?;
     let keys = Keys::start(&config, launch)?;
     let certs = keys.certificates(&config, &[])?;
-    let gen = generation::build(config, certs, &TicketCache::checking())?;
+    let metrics = Metrics::new();
+    let gen = generation::build(config, certs, &TicketCache::checking(), &metrics.proxy)?;
     Ok(gen.config)
 }
 
@@ -172,7 +174,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let certs = keys.certificates(&config, &[])?;
     let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics);
-    let gen = generation::build(config, certs, &tickets)?;
+    let gen = generation::build(config, certs, &tickets, &metrics.proxy)?;
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -235,6 +237,8 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let ktls = probe_ktls(&metrics);
     // Every socket is bound and no thread runs yet: drop privileges now.
     privileges::drop(ids)?;
+    // A thread of their own: started once privileges are gone.
+    gen.pools.start_health_checks()?;
     let access_log = AccessLog::start(&gen.config.access_log.target)?;
 
     let (shutdown, _) = watch::channel(false);
@@ -303,7 +307,7 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         .map_err(StartError::from)
         .and_then(|c| {
             let certs = keys.certificates(&c, &shared.current.load().key_ids)?;
-            generation::build(c, certs, tickets)
+            generation::build(c, certs, tickets, &shared.metrics.proxy)
         })
         .and_then(|new| {
             let old = shared.current.load();
@@ -341,6 +345,9 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
                 .access_log
                 .reopen(new.config.access_log.target.clone());
             let origin = new.config.origin.clone();
+            if let Err(e) = new.pools.start_health_checks() {
+                tracing::error!("cannot start the new pools' health checks: {e}");
+            }
             keys.set_active(new.key_ids.clone());
             shared.current.store(Arc::new(new));
             shared

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::time::{Instant, SystemTime};
 
-use tlsgate_files::{select, FileMeta, Found, Preconditions, Selection, StaticFile};
+use tlsgate_files::{select, DocumentRoot, FileMeta, Found, Preconditions, Selection, StaticFile};
 use tlsgate_http1::{reason_phrase, Method};
 use tokio::sync::watch;
 
@@ -165,7 +165,7 @@ fn with_date(f: impl FnOnce(&[u8])) {
 /// Answers one request from the document root: GET and HEAD only (other
 /// known methods 405 with `Allow`, unknown ones 501), redirects for
 /// directories, then conditionals and a single range (RFC 9110 §13, §14).
-pub(crate) fn decide(cx: &HttpCtx<'_>, req: &Request<'_>) -> Reply {
+pub(crate) fn decide(cx: &HttpCtx<'_>, root: &DocumentRoot, req: &Request<'_>) -> Reply {
     match req.method {
         Method::Get | Method::Head => {}
         Method::Other(_) => return Reply::text(501),
@@ -176,7 +176,7 @@ pub(crate) fn decide(cx: &HttpCtx<'_>, req: &Request<'_>) -> Reply {
             }
         }
     }
-    let found = match cx.site.root.lookup(req.path) {
+    let found = match root.lookup(req.path) {
         Ok(Found::File(f)) => f,
         Ok(Found::Redirect(location)) => {
             let mut loc = location.into_bytes();
@@ -236,6 +236,10 @@ pub(crate) struct Logged<'a> {
     pub version: &'a str,
     pub referer: Option<&'a [u8]>,
     pub user_agent: Option<&'a [u8]>,
+    /// The upstream server of a proxied request, if one was tried.
+    pub upstream: Option<&'a str>,
+    /// Why a proxied request failed, if it did.
+    pub upstream_error: Option<&'a str>,
 }
 
 impl Logged<'_> {
@@ -246,6 +250,8 @@ impl Logged<'_> {
         version: "-",
         referer: None,
         user_agent: None,
+        upstream: None,
+        upstream_error: None,
     };
 }
 
@@ -284,6 +290,8 @@ pub(crate) fn log_request(
         tls_version: cx.tls_version,
         ktls,
         client: cx.client.as_ref(),
+        upstream: req.upstream,
+        upstream_error: req.upstream_error,
     };
     if !cx
         .shared

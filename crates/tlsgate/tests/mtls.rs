@@ -36,18 +36,6 @@ struct Pki {
     expired: ClientCert,
 }
 
-fn make_ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name.push(rcgen::DnType::CommonName, name);
-    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    p.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    (p.self_signed(&key).unwrap(), key)
-}
-
 fn make_client(
     dir: &Path,
     stem: &str,
@@ -77,8 +65,8 @@ fn make_client(
 }
 
 fn pki(dir: &Path) -> Pki {
-    let ca = make_ca("tlsgate test client CA");
-    let other = make_ca("someone else's CA");
+    let ca = common::make_ca("tlsgate test client CA");
+    let other = common::make_ca("someone else's CA");
     let ca_path = dir.join("client-ca.pem");
     std::fs::write(&ca_path, ca.0.pem()).unwrap();
     Pki {

@@ -46,6 +46,19 @@ pub fn make_cert(
     }
 }
 
+/// A CA certificate (ECDSA P-256) named `name`, and its key.
+pub fn make_ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    (p.self_signed(&key).unwrap(), key)
+}
+
 /// A temporary directory with a site, a default ECDSA certificate for
 /// localhost, and a secret file outside the site.
 pub struct Fixture {

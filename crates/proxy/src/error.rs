@@ -1,0 +1,85 @@
+//! Why a proxied exchange failed, who is at fault, what the client is told
+//! and whether another server may be tried.
+
+/// A failure on the way to or from an upstream server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Failure {
+    /// No server of the pool is in service (health checks, passive marks).
+    NoServer,
+    /// The TCP connection was refused or could not be made.
+    Connect,
+    /// Connecting (TCP and TLS) took longer than `connect_timeout`.
+    ConnectTimeout,
+    /// The TLS handshake with the server failed (certificate, CA, alert).
+    Tls,
+    /// The server closed or reset the connection before any response byte.
+    Reset,
+    /// No response head within `response_timeout`.
+    ResponseTimeout,
+    /// The response head was malformed or its framing ambiguous.
+    BadResponse,
+    /// The server went silent for `idle_timeout` while a body streamed.
+    IdleTimeout,
+    /// The exchange took longer than `total_timeout`.
+    TotalTimeout,
+    /// The server closed the connection in the middle of a body.
+    Truncated,
+}
+
+impl Failure {
+    /// Stable name for logs and metrics.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::NoServer => "no_server",
+            Self::Connect => "connect",
+            Self::ConnectTimeout => "connect_timeout",
+            Self::Tls => "tls",
+            Self::Reset => "reset",
+            Self::ResponseTimeout => "response_timeout",
+            Self::BadResponse => "bad_response",
+            Self::IdleTimeout => "idle_timeout",
+            Self::TotalTimeout => "total_timeout",
+            Self::Truncated => "truncated",
+        }
+    }
+
+    /// The status the client gets when this happens before any response
+    /// byte: 503 without a server, 504 for the timeouts, else 502.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::NoServer => 503,
+            Self::ConnectTimeout
+            | Self::ResponseTimeout
+            | Self::IdleTimeout
+            | Self::TotalTimeout => 504,
+            _ => 502,
+        }
+    }
+
+    /// Whether nothing of the request reached the server, so any request
+    /// may go to another one.
+    pub fn before_sending(self) -> bool {
+        matches!(self, Self::Connect | Self::ConnectTimeout | Self::Tls)
+    }
+
+    /// Whether the failure counts against the server (passive checks).
+    pub fn marks_server(self) -> bool {
+        !matches!(self, Self::NoServer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_reasons() {
+        assert_eq!(Failure::NoServer.status(), 503);
+        assert_eq!(Failure::ResponseTimeout.status(), 504);
+        assert_eq!(Failure::Tls.status(), 502);
+        assert_eq!(Failure::BadResponse.reason(), "bad_response");
+        assert!(Failure::Connect.before_sending());
+        assert!(!Failure::Reset.before_sending());
+    }
+}

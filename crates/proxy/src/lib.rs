@@ -1,0 +1,29 @@
+//! tlsgate's reverse proxy: upstream pools and what they own.
+//!
+//! - [`Pools`]/[`Pool`]: the servers of each `[[upstream]]`, their state
+//!   (in service, in flight, passive failure marks, active health checks),
+//!   keep-alive connections kept per worker thread, plain or TLS (CA
+//!   bundle, SNI, client certificate, session resumption).
+//! - [`Router`]: a listener's routes by Host, SNI and longest path prefix.
+//! - [`forward`]: one exchange, streamed both ways over HTTP/1.1 with the
+//!   project's strict parser on both sides (tlsgate-http1), bounded
+//!   retries and 502/503/504 with a reason.
+//!
+//! It owns no client connection and no listener: the server crate reads
+//! the client's request head and hands the rest over through
+//! [`Downstream`].
+#![forbid(unsafe_code)]
+
+mod balance;
+mod conn;
+mod error;
+mod forward;
+mod health;
+mod pool;
+mod route;
+mod tls;
+
+pub use error::Failure;
+pub use forward::{forward, Downstream, Outcome, Request};
+pub use pool::{Pool, Pools};
+pub use route::{Entry, Router, Target};

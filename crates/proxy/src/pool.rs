@@ -1,0 +1,369 @@
+//! An upstream pool: its servers' state (in service, in flight, passive
+//! failure marks), keep-alive connections kept per worker thread, opening
+//! new connections (TCP, then TLS) under the connect timeout, and the
+//! choice of a server.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tlsgate_config::{ConfigError, HashKey, Upstream};
+use tlsgate_metrics::types::Gauge;
+use tlsgate_metrics::{PoolLabel, ProxyMetrics, ServerErrorLabels, ServerLabels};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::balance::{self, Balancer, Candidate};
+use crate::conn::{Stream, UpstreamConn};
+use crate::error::Failure;
+use crate::tls::{self, Connector};
+
+/// Which idle list a thread uses: worker threads get their own (each has
+/// its own runtime, and a socket belongs to the runtime that opened it).
+fn thread_slot() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    SLOT.with(|s| *s)
+}
+
+/// One server of a pool.
+pub(crate) struct Server {
+    pub cfg: tlsgate_config::UpstreamServer,
+    pub labels: ServerLabels,
+    in_flight: AtomicUsize,
+    /// Consecutive failures (passive checks).
+    fails: AtomicU32,
+    /// Out of service until this many ms after the pool's epoch (0 = in).
+    down_until_ms: AtomicU64,
+    /// The active health check's verdict (true without checks).
+    pub check_ok: AtomicBool,
+    /// Idle keep-alive connections per thread slot.
+    idle: Box<[Mutex<Vec<UpstreamConn>>]>,
+    open: Gauge,
+    idle_gauge: Gauge,
+    healthy_gauge: Gauge,
+}
+
+/// A pool of servers built from one `[[upstream]]` of one generation.
+pub struct Pool {
+    pub(crate) cfg: Upstream,
+    pub(crate) servers: Vec<Server>,
+    balancer: Balancer,
+    tls: Option<(Connector, TlsConnector)>,
+    epoch: Instant,
+    pub(crate) metrics: ProxyMetrics,
+    pool_label: PoolLabel,
+}
+
+/// A connection checked out for one exchange; counts as in flight.
+pub(crate) struct Lease<'p> {
+    pool: &'p Pool,
+    pub conn: Option<UpstreamConn>,
+    pub server: usize,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.pool.servers.get(self.server) {
+            s.in_flight.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Pool {
+    /// Builds the pool (its TLS client configuration included) for
+    /// `workers` worker threads.
+    pub fn new(
+        origin: &str,
+        cfg: &Upstream,
+        workers: usize,
+        metrics: &ProxyMetrics,
+    ) -> Result<Pool, ConfigError> {
+        let tls = match &cfg.tls {
+            Some(t) => {
+                let c = tls::connector(origin, cfg, t)?;
+                let tc = TlsConnector::from(c.config.clone());
+                Some((c, tc))
+            }
+            None => None,
+        };
+        let slots = workers.max(1) + 2;
+        let servers = cfg
+            .servers
+            .iter()
+            .map(|s| {
+                let labels = ServerLabels {
+                    pool: cfg.name.clone(),
+                    server: s.address.clone(),
+                };
+                let healthy_gauge = metrics.healthy.get_or_create(&labels).clone();
+                healthy_gauge.set(1);
+                Server {
+                    cfg: s.clone(),
+                    in_flight: AtomicUsize::new(0),
+                    fails: AtomicU32::new(0),
+                    down_until_ms: AtomicU64::new(0),
+                    check_ok: AtomicBool::new(true),
+                    idle: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
+                    open: metrics.connections_open.get_or_create(&labels).clone(),
+                    idle_gauge: metrics.connections_idle.get_or_create(&labels).clone(),
+                    healthy_gauge,
+                    labels,
+                }
+            })
+            .collect();
+        let weights: Vec<(String, u32)> = cfg
+            .servers
+            .iter()
+            .map(|s| (s.address.clone(), s.weight))
+            .collect();
+        Ok(Pool {
+            balancer: Balancer::new(&cfg.balance, &weights),
+            cfg: cfg.clone(),
+            servers,
+            tls,
+            epoch: Instant::now(),
+            metrics: metrics.clone(),
+            pool_label: PoolLabel {
+                pool: cfg.name.clone(),
+            },
+        })
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether server `i` takes requests now.
+    pub(crate) fn in_service(&self, i: usize) -> bool {
+        self.servers.get(i).is_some_and(|s| {
+            s.check_ok.load(Ordering::Relaxed)
+                && s.down_until_ms.load(Ordering::Relaxed) <= self.now_ms()
+        })
+    }
+
+    /// Picks a server not in `tried` and counts a request in flight on it.
+    pub(crate) fn choose(&self, tried: &[usize], key: Option<u64>) -> Option<Lease<'_>> {
+        let candidates: Vec<Candidate> = self
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Candidate {
+                usable: !tried.contains(&i) && self.in_service(i),
+                weight: s.cfg.weight,
+                in_flight: s.in_flight.load(Ordering::Relaxed),
+            })
+            .collect();
+        let server = self.balancer.pick(&candidates, key)?;
+        let s = self.servers.get(server)?;
+        s.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Lease {
+            pool: self,
+            conn: None,
+            server,
+        })
+    }
+
+    /// The hash key of a request for `balance = "hash"`.
+    pub(crate) fn hash_key(
+        &self,
+        peer: std::net::IpAddr,
+        header: impl Fn(&str) -> Option<Vec<u8>>,
+    ) -> Option<u64> {
+        let tlsgate_config::Balance::Hash(key) = &self.cfg.balance else {
+            return None;
+        };
+        match key {
+            HashKey::Source => Some(balance::hash(peer.to_string().as_bytes())),
+            HashKey::Header(name) => header(name).map(|v| balance::hash(&v)),
+            HashKey::Cookie(name) => {
+                let cookies = header("cookie")?;
+                cookies
+                    .split(|&b| b == b';')
+                    .map(|c| c.trim_ascii())
+                    .find_map(|c| {
+                        let (k, v) = c.split_at_checked(name.len())?;
+                        (k == name.as_bytes() && v.first() == Some(&b'='))
+                            .then(|| v.get(1..).unwrap_or_default())
+                    })
+                    .map(balance::hash)
+            }
+        }
+    }
+
+    /// An idle connection of this thread to the lease's server, or a new one.
+    pub(crate) async fn connect(&self, lease: &mut Lease<'_>) -> Result<(), Failure> {
+        let Some(s) = self.servers.get(lease.server) else {
+            return Err(Failure::NoServer);
+        };
+        if let Some(list) = s.idle.get(thread_slot() % s.idle.len()) {
+            loop {
+                let popped = list.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                let Some(mut c) = popped else { break };
+                s.idle_gauge.dec();
+                if c.idle_since.elapsed() < self.cfg.idle_timeout && c.looks_alive() {
+                    c.reused = true;
+                    lease.conn = Some(c);
+                    return Ok(());
+                }
+            }
+        }
+        let opened = tokio::time::timeout(self.cfg.connect_timeout, self.open(lease.server)).await;
+        match opened {
+            Ok(Ok(c)) => {
+                lease.conn = Some(c);
+                Ok(())
+            }
+            Ok(Err(f)) => Err(f),
+            Err(_) => Err(Failure::ConnectTimeout),
+        }
+    }
+
+    /// Opens a connection to server `i` (TCP, then TLS if configured).
+    pub(crate) async fn open(&self, i: usize) -> Result<UpstreamConn, Failure> {
+        let s = self.servers.get(i).ok_or(Failure::NoServer)?;
+        let tcp = TcpStream::connect(s.cfg.addr).await.map_err(|e| {
+            tracing::debug!(pool = %self.cfg.name, server = %s.cfg.address, "connect: {e}");
+            Failure::Connect
+        })?;
+        let _ = tcp.set_nodelay(true);
+        let stream = match &self.tls {
+            None => Stream::Plain(tcp),
+            Some((connector, tc)) => {
+                let name = tls::server_name(connector, &s.cfg.host).ok_or(Failure::Tls)?;
+                let tls = tc.connect(name, tcp).await.map_err(|e| {
+                    tracing::warn!(pool = %self.cfg.name, server = %s.cfg.address, "upstream TLS handshake failed: {e}");
+                    Failure::Tls
+                })?;
+                Stream::Tls(Box::new(tls))
+            }
+        };
+        Ok(UpstreamConn::new(stream, i, s.open.clone()))
+    }
+
+    /// Keeps a connection whose last exchange ended cleanly for reuse by
+    /// this thread (dropped when the list is full).
+    pub(crate) fn check_in(&self, mut conn: UpstreamConn) {
+        let Some(s) = self.servers.get(conn.server) else {
+            return;
+        };
+        let Some(list) = s.idle.get(thread_slot() % s.idle.len()) else {
+            return;
+        };
+        let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+        // Expired ones first, so the list does not fill with dead ones.
+        let before = list.len();
+        list.retain(|c| c.idle_since.elapsed() < self.cfg.idle_timeout);
+        let expired = before - list.len();
+        s.idle_gauge.dec_by(expired as i64);
+        if list.len() < self.cfg.max_idle {
+            conn.idle_since = Instant::now();
+            list.push(conn);
+            s.idle_gauge.inc();
+        }
+    }
+
+    /// Counts a failure against server `i` (passive checks): after
+    /// `max_fails` in a row it is out for `fail_timeout`.
+    pub(crate) fn failed(&self, i: usize, f: Failure) {
+        let Some(s) = self.servers.get(i) else { return };
+        self.metrics
+            .errors
+            .get_or_create(&ServerErrorLabels {
+                pool: s.labels.pool.clone(),
+                server: s.labels.server.clone(),
+                kind: f.reason(),
+            })
+            .inc();
+        if !f.marks_server() || self.cfg.max_fails == 0 {
+            return;
+        }
+        let n = s.fails.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= self.cfg.max_fails {
+            s.fails.store(0, Ordering::Relaxed);
+            let until = self.now_ms().saturating_add(
+                u64::try_from(self.cfg.fail_timeout.as_millis()).unwrap_or(u64::MAX),
+            );
+            s.down_until_ms.store(until, Ordering::Relaxed);
+            tracing::warn!(
+                pool = %self.cfg.name,
+                server = %s.cfg.address,
+                "upstream server out for {:?} after {n} failures in a row (last: {})",
+                self.cfg.fail_timeout,
+                f.reason()
+            );
+            // Drop its idle connections of this thread: they are suspect.
+            if let Some(list) = s.idle.get(thread_slot() % s.idle.len()) {
+                let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+                s.idle_gauge.dec_by(list.len() as i64);
+                list.clear();
+            }
+        }
+        self.update_health_gauge(i);
+    }
+
+    /// Clears server `i`'s failure count after a good exchange.
+    pub(crate) fn succeeded(&self, i: usize, latency: Duration) {
+        let Some(s) = self.servers.get(i) else { return };
+        s.fails.store(0, Ordering::Relaxed);
+        self.metrics
+            .response_seconds
+            .get_or_create(&s.labels)
+            .observe(latency.as_secs_f64());
+    }
+
+    pub(crate) fn count_request(&self, i: usize) {
+        if let Some(s) = self.servers.get(i) {
+            self.metrics.requests.get_or_create(&s.labels).inc();
+        }
+    }
+
+    pub(crate) fn count_retry(&self) {
+        self.metrics.retries.get_or_create(&self.pool_label).inc();
+    }
+
+    pub(crate) fn update_health_gauge(&self, i: usize) {
+        if let Some(s) = self.servers.get(i) {
+            s.healthy_gauge.set(i64::from(self.in_service(i)));
+        }
+    }
+}
+
+/// Every pool of a generation, by `[[upstream]]` index.
+pub struct Pools {
+    pub(crate) pools: Vec<Arc<Pool>>,
+}
+
+impl Pools {
+    /// Builds the pools of `config` (none when it has no `[[upstream]]`).
+    pub fn build(
+        config: &tlsgate_config::Config,
+        metrics: &ProxyMetrics,
+    ) -> Result<Pools, ConfigError> {
+        let pools = config
+            .upstreams
+            .iter()
+            .map(|u| Pool::new(&config.origin, u, config.workers, metrics).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        Ok(Pools { pools })
+    }
+
+    /// Pool number `i` (`RouteTarget::Upstream(i)`).
+    pub fn get(&self, i: usize) -> Option<&Arc<Pool>> {
+        self.pools.get(i)
+    }
+
+    /// Starts the active health checks of every pool that has them, on a
+    /// thread of their own that ends once these pools are dropped (after
+    /// a reload, when the last request of the old generation is done).
+    pub fn start_health_checks(&self) -> std::io::Result<()> {
+        crate::health::start(&self.pools)
+    }
+}

@@ -1,0 +1,1134 @@
+//! The reverse proxy with real upstreams started here: HTTP/1.1 servers
+//! of the test's own (plain and TLS, with and without client
+//! certificates, well-behaved and malicious) and Python's http.server as
+//! a peer not written in Rust. The client side is curl and rustls.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{tls_connect, Fixture, Server, TlsStream};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
+
+// ---------------------------------------------------------------------
+// A test upstream: HTTP/1.1 with keep-alive, behaviour chosen by path.
+// ---------------------------------------------------------------------
+
+trait Io: Read + Write + Send {}
+impl<T: Read + Write + Send> Io for T {}
+
+/// A running test upstream.
+struct Upstream {
+    addr: SocketAddr,
+    /// Complete requests it read.
+    requests: Arc<AtomicUsize>,
+    /// Connections it accepted.
+    conns: Arc<AtomicUsize>,
+    /// Set to stop: the listener closes and every connection with it.
+    stop: Arc<AtomicBool>,
+    /// What `/health` answers.
+    healthy: Arc<AtomicBool>,
+    /// The last request head it read.
+    last_head: Arc<Mutex<String>>,
+}
+
+impl Upstream {
+    fn start(name: &str, tls: Option<Arc<ServerConfig>>) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let up = Upstream {
+            addr: listener.local_addr().unwrap(),
+            requests: Arc::default(),
+            conns: Arc::default(),
+            stop: Arc::default(),
+            healthy: Arc::new(AtomicBool::new(true)),
+            last_head: Arc::default(),
+        };
+        let (name, requests, conns, stop, healthy, last) = (
+            name.to_string(),
+            up.requests.clone(),
+            up.conns.clone(),
+            up.stop.clone(),
+            up.healthy.clone(),
+            up.last_head.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let sock = match listener.accept() {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                conns.fetch_add(1, Ordering::Relaxed);
+                sock.set_nonblocking(false).unwrap();
+                sock.set_read_timeout(Some(Duration::from_millis(50)))
+                    .unwrap();
+                let (name, requests, stop, healthy, last, tls) = (
+                    name.clone(),
+                    requests.clone(),
+                    stop.clone(),
+                    healthy.clone(),
+                    last.clone(),
+                    tls.clone(),
+                );
+                std::thread::spawn(move || {
+                    let io: Box<dyn Io> = match tls {
+                        Some(cfg) => {
+                            Box::new(StreamOwned::new(ServerConnection::new(cfg).unwrap(), sock))
+                        }
+                        None => Box::new(sock),
+                    };
+                    serve_conn(io, &name, &requests, &stop, &healthy, &last);
+                });
+            }
+            // The listener is dropped here: connects are refused from now on.
+        });
+        up
+    }
+
+    fn kill(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Until the accept loop noticed, a connect could still succeed.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    fn address(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+/// Reads from `io` into `buf` until `pred` holds; false at EOF or stop.
+fn fill(
+    io: &mut dyn Io,
+    buf: &mut Vec<u8>,
+    stop: &AtomicBool,
+    pred: impl Fn(&[u8]) -> bool,
+) -> bool {
+    let mut chunk = [0u8; 65536];
+    while !pred(buf) {
+        match io.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Decodes a complete chunked body at the start of `buf`: (body, bytes used).
+fn dechunk(buf: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        let line_end = at + find(&buf[at..], b"\r\n")?;
+        let size_text = std::str::from_utf8(&buf[at..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        at = line_end + 2;
+        if size == 0 {
+            let end = at + find(&buf[at..], b"\r\n")?;
+            return Some((body, end + 2));
+        }
+        if buf.len() < at + size + 2 {
+            return None;
+        }
+        body.extend_from_slice(&buf[at..at + size]);
+        at += size + 2;
+    }
+}
+
+fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+fn serve_conn(
+    mut io: Box<dyn Io>,
+    name: &str,
+    requests: &AtomicUsize,
+    stop: &AtomicBool,
+    healthy: &AtomicBool,
+    last: &Mutex<String>,
+) {
+    let mut buf = Vec::new();
+    loop {
+        if !fill(io.as_mut(), &mut buf, stop, |b| {
+            find(b, b"\r\n\r\n").is_some()
+        }) {
+            return;
+        }
+        let head_len = find(&buf, b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&buf[..head_len]).into_owned();
+        buf.drain(..head_len);
+        let mut lines = head.split("\r\n");
+        let request_line = lines.next().unwrap_or_default().to_string();
+        let headers: HashMap<String, String> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let body = if headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v == "chunked")
+        {
+            if !fill(io.as_mut(), &mut buf, stop, |b| dechunk(b).is_some()) {
+                return;
+            }
+            let (body, used) = dechunk(&buf).unwrap();
+            buf.drain(..used);
+            body
+        } else {
+            let n: usize = headers
+                .get("content-length")
+                .map_or(0, |v| v.parse().unwrap());
+            if !fill(io.as_mut(), &mut buf, stop, |b| b.len() >= n) {
+                return;
+            }
+            buf.drain(..n).collect()
+        };
+        requests.fetch_add(1, Ordering::Relaxed);
+        *last.lock().unwrap() = head.clone();
+        let target = request_line.split(' ').nth(1).unwrap_or("/").to_string();
+        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+        let ok = |body: &[u8]| {
+            let mut r =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+            r.extend_from_slice(body);
+            r
+        };
+        let chunked = |body: &[u8]| {
+            let mut r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            for c in body.chunks(100_000) {
+                r.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                r.extend_from_slice(c);
+                r.extend_from_slice(b"\r\n");
+            }
+            r.extend_from_slice(b"0\r\n\r\n");
+            r
+        };
+        let answer: Vec<u8> = match path {
+            "/id" => ok(name.as_bytes()),
+            "/headers" => ok(head.as_bytes()),
+            "/echo" => chunked(&body),
+            "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
+            "/slow" => {
+                std::thread::sleep(Duration::from_secs(3));
+                ok(b"late")
+            }
+            "/health" if healthy.load(Ordering::Relaxed) => ok(b"fine"),
+            "/health" => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(),
+            "/bad/clte" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_vec(),
+            "/bad/dupcl" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nokk".to_vec(),
+            "/bad/lf" => b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok".to_vec(),
+            "/bad/cr" => b"HTTP/1.1 200 OK\r\nX-Evil: a\rSet-Cookie: b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            "/bad/nul" => b"HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            "/bad/te" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked, identity\r\n\r\n".to_vec(),
+            "/bad/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
+            _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        };
+        if io.write_all(&answer).and_then(|()| io.flush()).is_err() {
+            return;
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// PKI for upstream TLS.
+// ---------------------------------------------------------------------
+
+/// A leaf signed by `ca`: (cert DER, key DER, cert PEM path, key PEM path).
+fn make_leaf(
+    dir: &Path,
+    stem: &str,
+    names: &[&str],
+    client: bool,
+    ca: &(rcgen::Certificate, rcgen::KeyPair),
+) -> (CertificateDer<'static>, Vec<u8>, PathBuf, PathBuf) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    p.distinguished_name.push(rcgen::DnType::CommonName, stem);
+    p.extended_key_usages = vec![if client {
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    }];
+    let cert = p.signed_by(&key, &ca.0, &ca.1).unwrap();
+    let c = dir.join(format!("{stem}.crt"));
+    let k = dir.join(format!("{stem}.key"));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (cert.der().clone(), key.serialize_der(), c, k)
+}
+
+fn upstream_tls(
+    cert: &CertificateDer<'static>,
+    key: &[u8],
+    client_ca: Option<&rcgen::Certificate>,
+) -> Arc<ServerConfig> {
+    let provider = Arc::new(common::provider());
+    let b = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let b = match client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            roots.add(ca.der().clone()).unwrap();
+            b.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .unwrap(),
+            )
+        }
+        None => b.with_no_client_auth(),
+    };
+    Arc::new(
+        b.with_single_cert(
+            vec![cert.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.to_vec())),
+        )
+        .unwrap(),
+    )
+}
+
+// ---------------------------------------------------------------------
+// Python's http.server: an upstream not written in Rust.
+// ---------------------------------------------------------------------
+
+struct Python {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Python {
+    fn start(dir: &Path, id: &str) -> Python {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("id"), id).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 must be installed (./dev setup installs it)");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "python http.server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Python { child, addr }
+    }
+}
+
+impl Drop for Python {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------
+// Client side.
+// ---------------------------------------------------------------------
+
+/// A response read off a keep-alive connection.
+struct Response {
+    status: u16,
+    head: String,
+    body: Vec<u8>,
+}
+
+/// Reads one response (Content-Length, chunked, or until close).
+fn read_response(s: &mut TlsStream, head_request: bool) -> std::io::Result<Response> {
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let lower = head.to_ascii_lowercase();
+    let mut body = Vec::new();
+    if head_request || status == 204 || status == 304 {
+    } else if lower.contains("transfer-encoding: chunked") {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim(), 16)
+                .map_err(|_| std::io::Error::other(format!("bad chunk size {size:?}")))?;
+            if n == 0 {
+                let mut end = String::new();
+                r.read_line(&mut end)?;
+                break;
+            }
+            let at = body.len();
+            body.resize(at + n, 0);
+            r.read_exact(&mut body[at..])?;
+            let mut crlf = [0u8; 2];
+            r.read_exact(&mut crlf)?;
+        }
+    } else if let Some(cl) = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+    {
+        body.resize(cl.trim().parse().unwrap(), 0);
+        r.read_exact(&mut body)?;
+    } else {
+        r.read_to_end(&mut body)?;
+    }
+    Ok(Response { status, head, body })
+}
+
+fn get(s: &mut TlsStream, path: &str, extra: &str) -> std::io::Result<Response> {
+    // One write: a request in pieces meets Nagle and delayed ACKs.
+    let req = format!("GET {path} HTTP/1.1\r\nHost: app.test\r\n{extra}\r\n");
+    s.write_all(req.as_bytes())?;
+    s.flush()?;
+    read_response(s, false)
+}
+
+fn body_text(r: &Response) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+/// A pool table with `servers` and extra top-level keys.
+fn pool(name: &str, servers: &[(String, u32)], keys: &str, tables: &str) -> String {
+    let mut s = format!("[[upstream]]\nname = {name:?}\n{keys}\n");
+    for (addr, weight) in servers {
+        s.push_str(&format!(
+            "[[upstream.server]]\naddress = {addr:?}\nweight = {weight}\n"
+        ));
+    }
+    s.push_str(tables);
+    s.push('\n');
+    s
+}
+
+fn route(path: &str, upstream: &str, extra: &str) -> String {
+    format!("[[listener.route]]\npath = {path:?}\nupstream = {upstream:?}\n{extra}\n")
+}
+
+/// Routes from (path prefix, pool) pairs.
+fn routes(pairs: &[(&str, &str)]) -> String {
+    pairs.iter().map(|(p, u)| route(p, u, "")).collect()
+}
+
+/// Clients requesting `/id` in a loop until stopped, half of them on a
+/// new connection per request.
+struct Loop {
+    stop: Arc<AtomicBool>,
+    failures: Arc<AtomicUsize>,
+    seen: Arc<Mutex<Vec<String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Loop {
+    fn start(addr: SocketAddr, clients: usize) -> Loop {
+        let (stop, failures, seen) = (
+            Arc::<AtomicBool>::default(),
+            Arc::<AtomicUsize>::default(),
+            Arc::<Mutex<Vec<String>>>::default(),
+        );
+        let threads = (0..clients)
+            .map(|i| {
+                let (stop, failures, seen) = (stop.clone(), failures.clone(), seen.clone());
+                std::thread::spawn(move || {
+                    let mut s = tls_connect(addr);
+                    while !stop.load(Ordering::Relaxed) {
+                        if i % 2 == 1 {
+                            s = tls_connect(addr);
+                        }
+                        match get(&mut s, "/id", "") {
+                            Ok(r) if r.status == 200 => seen.lock().unwrap().push(body_text(&r)),
+                            other => {
+                                eprintln!("failed: {:?}", other.map(|r| r.head));
+                                failures.fetch_add(1, Ordering::Relaxed);
+                                s = tls_connect(addr);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        Loop {
+            stop,
+            failures,
+            seen,
+            threads,
+        }
+    }
+
+    /// Stops the clients: (failed requests, answers in order).
+    fn finish(self) -> (usize, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        let seen = std::mem::take(&mut *self.seen.lock().unwrap());
+        (self.failures.load(Ordering::Relaxed), seen)
+    }
+}
+
+/// Clients here open a connection per request, faster than the default
+/// handshake rate limit per source allows.
+const NO_RATE_LIMIT: &str = "[limits]\nhandshake_rate_per_source = 0\n";
+
+/// Starts tlsgate with `pools` (before the listener) and `routes`.
+fn start(fx: &Fixture, top: &str, pools: &str, routes: &str) -> Server {
+    let top = format!("[server]\nworkers = 2\n{top}\n{NO_RATE_LIMIT}\n{pools}");
+    Server::start(fx, &fx.config(&top, routes))
+}
+
+fn count_ids(server: &Server, path: &str, n: usize) -> HashMap<String, usize> {
+    let mut s = tls_connect(server.addr);
+    let mut seen = HashMap::new();
+    for _ in 0..n {
+        let r = get(&mut s, path, "").unwrap();
+        assert_eq!(r.status, 200, "{}", r.head);
+        *seen.entry(body_text(&r)).or_insert(0) += 1;
+    }
+    seen
+}
+
+// ---------------------------------------------------------------------
+// The tests.
+// ---------------------------------------------------------------------
+
+#[test]
+fn requests_are_balanced_as_configured_over_rust_and_python_upstreams() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let py = Python::start(&fx.path().join("py"), "py");
+    let three = vec![(a.address(), 1), (b.address(), 1), (py.addr.to_string(), 1)];
+    let pools = [
+        pool("rr", &three, "", ""),
+        pool(
+            "weighted",
+            &[(a.address(), 3), (b.address(), 1)],
+            "balance = \"weighted\"",
+            "",
+        ),
+        pool(
+            "lc",
+            &[(a.address(), 1), (b.address(), 1)],
+            "balance = \"least_connections\"",
+            "",
+        ),
+        pool(
+            "hash",
+            &three,
+            "balance = \"hash\"\nhash_key = \"header:X-User\"",
+            "",
+        ),
+    ]
+    .concat();
+    let routes = routes(&[
+        ("/id", "rr"),
+        ("/w", "weighted"),
+        ("/lc", "lc"),
+        ("/h", "hash"),
+    ]);
+    let server = start(&fx, "", &pools, &routes);
+    let counts = || {
+        (
+            a.requests.load(Ordering::Relaxed),
+            b.requests.load(Ordering::Relaxed),
+        )
+    };
+
+    let rr = count_ids(&server, "/id", 300);
+    assert_eq!(rr.get("a"), Some(&100), "{rr:?}");
+    assert_eq!(rr.get("b"), Some(&100), "{rr:?}");
+    assert_eq!(rr.get("py"), Some(&100), "{rr:?}");
+
+    // The test upstreams answer /w and /lc with 404; their counters tell.
+    let mut s = tls_connect(server.addr);
+    for _ in 0..400 {
+        assert_eq!(get(&mut s, "/w", "").unwrap().status, 404);
+    }
+    assert_eq!(counts(), (100 + 300, 100 + 100), "weighted 3:1");
+
+    let before = counts();
+    for _ in 0..100 {
+        assert_eq!(get(&mut s, "/lc", "").unwrap().status, 404);
+    }
+    let after = counts();
+    assert!(
+        after.0 > before.0 && after.1 > before.1 && after.0 + after.1 == before.0 + before.1 + 100,
+        "least connections uses both: {before:?} {after:?}"
+    );
+
+    // Hash: one user always lands on one server; users spread.
+    let mut placed: HashMap<String, String> = HashMap::new();
+    for round in 0..3 {
+        for user in 0..30 {
+            let was = counts();
+            let r = get(&mut s, "/h", &format!("X-User: user-{user}\r\n")).unwrap();
+            let now = counts();
+            let on = if now.0 > was.0 {
+                "a"
+            } else if now.1 > was.1 {
+                "b"
+            } else {
+                assert_eq!(r.status, 404, "python answers /h with 404");
+                "py"
+            };
+            let prev = placed
+                .entry(format!("user-{user}"))
+                .or_insert_with(|| on.into());
+            assert_eq!(prev, on, "user-{user} moved in round {round}");
+        }
+    }
+    let distinct: std::collections::HashSet<&String> = placed.values().collect();
+    assert!(distinct.len() >= 2, "{placed:?}");
+
+    let m = server.admin_get("/metrics");
+    assert!(
+        m.contains(&format!(
+            "tlsgate_upstream_requests_total{{pool=\"rr\",server=\"{}\"}} 100",
+            a.address()
+        )),
+        "{m}"
+    );
+    assert!(m.contains("tlsgate_upstream_healthy{pool=\"rr\""), "{m}");
+    assert!(
+        m.contains("tlsgate_upstream_response_seconds_bucket{"),
+        "{m}"
+    );
+    assert!(server
+        .access_log()
+        .contains(&format!("upstream={}", py.addr)));
+}
+
+#[test]
+fn a_killed_upstream_fails_no_idempotent_request() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let c = Upstream::start("c", None);
+    let servers = vec![(a.address(), 1), (b.address(), 1), (c.address(), 1)];
+    let pools = pool(
+        "app",
+        &servers,
+        "retries = 2\nconnect_timeout = \"1s\"\nmax_fails = 1\nfail_timeout = \"30s\"",
+        "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"500ms\"\nfall = 1\nrise = 1\n",
+    );
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let clients = Loop::start(server.addr, 4);
+    std::thread::sleep(Duration::from_millis(700));
+    a.kill();
+    std::thread::sleep(Duration::from_millis(700));
+    // A server that still accepts but fails its health check goes too.
+    b.healthy.store(false, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(700));
+    let b_before = b.requests.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(500));
+    let (failures, seen) = clients.finish();
+    assert_eq!(failures, 0, "{}", server.log());
+    assert!(seen.len() > 200, "{}", seen.len());
+    // Out of service: only health checks reach b now.
+    let b_after = b.requests.load(Ordering::Relaxed);
+    assert!(
+        b_after - b_before <= 10,
+        "b still served {} requests",
+        b_after - b_before
+    );
+    let m = server.expect_metric_line(&format!(
+        "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 0",
+        a.address()
+    ));
+    assert!(
+        m.contains(&format!(
+            "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 0",
+            b.address()
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains(&format!(
+            "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1",
+            c.address()
+        )),
+        "{m}"
+    );
+    server.wait_log("upstream server out of service", Duration::from_secs(2));
+}
+
+#[test]
+fn a_slow_upstream_is_answered_504_at_the_timeout() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("slow", &[(a.address(), 1)], "response_timeout = \"1s\"", "");
+    let server = start(&fx, "", &pools, &route("/", "slow", ""));
+    let mut s = tls_connect(server.addr);
+    let t0 = Instant::now();
+    let r = get(&mut s, "/slow", "").unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.status, 504, "{}", r.head);
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    // The connection stays usable (the request had no body).
+    assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
+    server.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"slow\",status=\"504\",reason=\"response_timeout\"} 1",
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !server
+        .access_log()
+        .contains("upstream_error=response_timeout")
+    {
+        assert!(Instant::now() < deadline, "{}", server.access_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
+    let fx = Fixture::new();
+    let dir = fx.path();
+    let ca = common::make_ca("upstream CA");
+    let other = common::make_ca("someone else's CA");
+    let ca_pem = dir.join("up-ca.pem");
+    std::fs::write(&ca_pem, ca.0.pem()).unwrap();
+    let other_pem = dir.join("other-ca.pem");
+    std::fs::write(&other_pem, other.0.pem()).unwrap();
+    let (srv_cert, srv_key, _, _) =
+        make_leaf(dir, "upstream", &["app.internal", "127.0.0.1"], false, &ca);
+    let (_, _, client_crt, client_key) =
+        make_leaf(dir, "tlsgate-client", &["tlsgate.internal"], true, &ca);
+    let plain_tls = Upstream::start("tls", Some(upstream_tls(&srv_cert, &srv_key, None)));
+    let mtls = Upstream::start("mtls", Some(upstream_tls(&srv_cert, &srv_key, Some(&ca.0))));
+    let tls_keys = |ca: &Path| format!("tls = true\nca = {ca:?}\nsni = \"app.internal\"");
+    let with_cert = format!(
+        "{}\nclient_cert = {client_crt:?}\nclient_key = {client_key:?}",
+        tls_keys(&ca_pem)
+    );
+    let pools = [
+        pool("tls", &[(plain_tls.address(), 1)], &tls_keys(&ca_pem), ""),
+        pool("mtls", &[(mtls.address(), 1)], &with_cert, ""),
+        pool(
+            "nocert",
+            &[(mtls.address(), 1)],
+            &format!("{}\nretries = 0", tls_keys(&ca_pem)),
+            "",
+        ),
+        pool(
+            "wrongca",
+            &[(plain_tls.address(), 1)],
+            &format!("tls = true\nca = {other_pem:?}\nsni = \"app.internal\"\nretries = 0"),
+            "",
+        ),
+    ]
+    .concat();
+    let routes = routes(&[
+        ("/tls", "tls"),
+        ("/mtls", "mtls"),
+        ("/nocert", "nocert"),
+        ("/wrongca", "wrongca"),
+    ]);
+    let server = start(&fx, "", &pools, &routes);
+    let mut s = tls_connect(server.addr);
+    let r = get(&mut s, "/tls", "").unwrap();
+    assert_eq!(r.status, 404, "the TLS upstream answered: {}", r.head);
+    assert_eq!(plain_tls.requests.load(Ordering::Relaxed), 1);
+    let r = get(&mut s, "/mtls", "").unwrap();
+    assert_eq!(r.status, 404, "the mTLS upstream answered: {}", r.head);
+    assert_eq!(mtls.requests.load(Ordering::Relaxed), 1);
+    let r = get(&mut s, "/nocert", "").unwrap();
+    assert_eq!(r.status, 502, "{}", r.head);
+    let r = get(&mut s, "/wrongca", "").unwrap();
+    assert_eq!(r.status, 502, "{}", r.head);
+    assert_eq!(
+        plain_tls.requests.load(Ordering::Relaxed),
+        1,
+        "no request over an unverified connection"
+    );
+    server.wait_log("upstream TLS handshake failed", Duration::from_secs(2));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while server.access_log().matches("upstream_error=tls").count() < 1 {
+        assert!(Instant::now() < deadline, "{}", server.access_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"wrongca\",status=\"502\",reason=\"tls\"} 1",
+    );
+    // Keep-alive to the upstream: more requests, no more connections.
+    for _ in 0..5 {
+        assert_eq!(get(&mut s, "/tls", "").unwrap().status, 404);
+    }
+    assert_eq!(
+        plain_tls.conns.load(Ordering::Relaxed),
+        2,
+        "one connection, and the refused handshake"
+    );
+}
+
+/// curl through the proxy: `args` added, output to `out`.
+fn curl_to(server: &Server, args: &[&str], out: &Path) -> String {
+    let mut all: Vec<&str> = vec![
+        "-o",
+        out.to_str().unwrap(),
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "120",
+    ];
+    all.extend_from_slice(args);
+    let o = server.curl(&all);
+    assert!(
+        o.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn chunked_uploads_and_downloads_are_byte_exact_up_to_100_mib() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("bulk", &[(a.address(), 1)], "", "");
+    let server = start(
+        &fx,
+        "",
+        &pools,
+        &route("/", "bulk", "max_body_bytes = 209715200"),
+    );
+    for n in [0usize, 1, 1 << 20, 100 << 20] {
+        let data = pattern(n);
+        let input = fx.path().join(format!("in-{n}"));
+        std::fs::write(&input, &data).unwrap();
+        let out = fx.path().join(format!("out-{n}"));
+        let upload = format!("@{}", input.display());
+        let echo = server.url("/echo");
+        let gen = server.url(&format!("/gen?n={n}"));
+        let ways: [(&str, Vec<&str>); 3] = [
+            // Chunked upload; the echo comes back chunked.
+            (
+                "chunked upload",
+                vec![
+                    "-H",
+                    "Transfer-Encoding: chunked",
+                    "--data-binary",
+                    &upload,
+                    &echo,
+                ],
+            ),
+            (
+                "upload with Content-Length",
+                vec!["--data-binary", &upload, &echo],
+            ),
+            ("chunked download", vec![&gen]),
+        ];
+        for (what, args) in ways {
+            assert_eq!(curl_to(&server, &args, &out), "200", "{what} of {n} bytes");
+            assert!(
+                std::fs::read(&out).unwrap() == data,
+                "{what} of {n} bytes differs"
+            );
+        }
+    }
+    // Above the route's limit: 413 before the upstream sees it.
+    let before = a.requests.load(Ordering::Relaxed);
+    let mut s = tls_connect(server.addr);
+    write!(
+        s,
+        "POST /echo HTTP/1.1\r\nHost: app.test\r\nContent-Length: 209715201\r\n\r\n"
+    )
+    .unwrap();
+    assert_eq!(read_response(&mut s, false).unwrap().status, 413);
+    assert_eq!(a.requests.load(Ordering::Relaxed), before);
+}
+
+#[test]
+fn smuggling_shaped_requests_never_reach_the_upstream() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let cases: &[&[u8]] = &[
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /id HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\nContent-Length: 40\r\n\r\nabcd",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n",
+        b"GET /id HTTP/1.1\nHost: a\n\n",
+        b"GET /id HTTP/1.1\r\nHost: a\r\nX: a\rb\r\n\r\n",
+        b"GET /id HTTP/1.1\r\nHost: a\r\nX: a\x00b\r\n\r\n",
+        b"GET /id HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET /id HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nGET /id HTTP/1.1\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+    ];
+    for case in cases {
+        let answer = common::raw_exchange(server.addr, case);
+        let status = common::statuses(&answer);
+        assert!(
+            status.first().is_some_and(|s| (400..=501).contains(s)) && status.len() == 1,
+            "{:?} got {answer:?}",
+            String::from_utf8_lossy(case)
+        );
+        assert_eq!(
+            a.requests.load(Ordering::Relaxed),
+            0,
+            "{:?} reached the upstream",
+            String::from_utf8_lossy(case)
+        );
+    }
+}
+
+#[test]
+fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "max_fails = 0", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
+    for bad in [
+        "/bad/clte",
+        "/bad/dupcl",
+        "/bad/lf",
+        "/bad/cr",
+        "/bad/nul",
+        "/bad/te",
+    ] {
+        let conns = a.conns.load(Ordering::Relaxed);
+        let r = get(&mut s, bad, "").unwrap();
+        assert_eq!(r.status, 502, "{bad}: {}", r.head);
+        assert!(!r.head.contains("X-Evil"), "{bad}: {}", r.head);
+        // The next request needs a new upstream connection.
+        assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
+        assert_eq!(
+            a.conns.load(Ordering::Relaxed),
+            conns + 1,
+            "{bad}: connection reused"
+        );
+    }
+    // Bytes after a complete response: the response is relayed, the
+    // surplus never, and the connection is not reused.
+    let conns = a.conns.load(Ordering::Relaxed);
+    let r = get(&mut s, "/bad/extra", "").unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    let r = get(&mut s, "/id", "").unwrap();
+    assert_eq!(body_text(&r), "a");
+    assert_eq!(a.conns.load(Ordering::Relaxed), conns + 1);
+    server.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 6",
+    );
+}
+
+#[test]
+fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let r = get(
+        &mut s,
+        "/headers?x=1",
+        "X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Client-Cert: Hash=forged\r\nForwarded: for=6.6.6.6\r\nConnection: X-Secret, keep-alive\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nUpgrade: h2c\r\nVia: 1.1 edge\r\nX-Kept: yes\r\n",
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let head = body_text(&r);
+    let lower = head.to_ascii_lowercase();
+    assert!(
+        head.starts_with("GET /headers?x=1 HTTP/1.1\r\nHost: app.test\r\n"),
+        "{head}"
+    );
+    for gone in [
+        "6.6.6.6",
+        "forged",
+        "x-secret",
+        "keep-alive",
+        "proxy-connection",
+        "te:",
+        "upgrade",
+    ] {
+        assert!(!lower.contains(gone), "{gone} passed: {head}");
+    }
+    for kept in [
+        "X-Forwarded-For: 127.0.0.1\r\n",
+        "X-Forwarded-Proto: https\r\n",
+        "Forwarded: for=127.0.0.1;proto=https;host=\"app.test\"\r\n",
+        "Via: 1.1 edge\r\n",
+        "Via: 1.1 tlsgate\r\n",
+        "X-Kept: yes\r\n",
+    ] {
+        assert!(head.contains(kept), "{kept:?} missing: {head}");
+    }
+}
+
+#[test]
+fn sighup_changes_a_pool_while_a_client_loops_without_a_failure() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let config = |addr: &str| {
+        let pools = pool(
+            "app",
+            &[(addr.to_string(), 1)],
+            "",
+            "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\n",
+        );
+        format!("[server]\nworkers = 2\n{NO_RATE_LIMIT}{pools}")
+    };
+    let text = |addr: &str| fx.config(&config(addr), &route("/", "app", ""));
+    let server = Server::start(&fx, &text(&a.address()));
+    let clients = Loop::start(server.addr, 2);
+    for (round, to) in [&b, &a, &b].iter().enumerate() {
+        std::thread::sleep(Duration::from_millis(400));
+        fx.write_config(&text(&to.address()));
+        server.signal("HUP");
+        let want = "reloaded configuration from";
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.log().matches(want).count() < round + 1 {
+            assert!(Instant::now() < deadline, "{}", server.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let (failures, seen) = clients.finish();
+    assert_eq!(failures, 0, "{}", server.log());
+    assert!(seen.len() > 100, "{}", seen.len());
+    assert_eq!(seen.last().map(String::as_str), Some("b"));
+    assert!(seen.iter().any(|s| s == "a"));
+    // A broken pool in a reload is refused, naming the key; the old one serves.
+    fx.write_config(&text("nowhere"));
+    server.signal("HUP");
+    server.wait_log("upstream[0].server[0].address", Duration::from_secs(5));
+    let mut s = tls_connect(server.addr);
+    assert_eq!(body_text(&get(&mut s, "/id", "").unwrap()), "b");
+}
+
+#[test]
+fn check_config_names_the_file_and_key_of_a_bad_pool() {
+    let fx = Fixture::new();
+    let text = fx.config(
+        "[[upstream]]\nname = \"app\"\nbalance = \"hash\"\n[[upstream.server]]\naddress = \"127.0.0.1:1\"\n",
+        &route("/", "app", ""),
+    );
+    let path = fx.write_config(&text);
+    let o = Command::new(common::bin())
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("tlsgate.toml") && err.contains("upstream[0].hash_key"),
+        "{err}"
+    );
+    let text = fx.config("", &route("/", "missing", ""));
+    let path = fx.write_config(&text);
+    let o = Command::new(common::bin())
+        .args(["check-config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("listener[0].route[0].upstream"), "{err}");
+}
+
+#[test]
+fn the_client_certificate_identity_reaches_the_upstream_and_forged_copies_do_not() {
+    let fx = Fixture::new();
+    let ca = common::make_ca("client CA");
+    let ca_pem = fx.path().join("client-ca.pem");
+    std::fs::write(&ca_pem, ca.0.pem()).unwrap();
+    let (_, _, crt, key) = make_leaf(fx.path(), "svc-a", &["svc-a.internal"], true, &ca);
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    // Keys of the listener's certificate entry, then the route.
+    let extra = format!(
+        "client_auth = \"optional\"\nclient_ca = {ca_pem:?}\n{}",
+        route("/", "app", "")
+    );
+    let server = start(&fx, "", &pools, &extra);
+    let forged = "X-Forwarded-Client-Cert: Hash=forged;Subject=\"CN=admin\"";
+    let with_cert = server.curl(&[
+        "--cert",
+        crt.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "-H",
+        forged,
+        &server.url("/headers"),
+    ]);
+    let head = String::from_utf8_lossy(&with_cert.stdout).into_owned();
+    let xfcc = head
+        .lines()
+        .filter(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("x-forwarded-client-cert:")
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(xfcc.len(), 1, "{head}");
+    assert!(xfcc[0].contains("Subject=\"CN=svc-a\""), "{head}");
+    assert!(xfcc[0].contains("DNS=\"svc-a.internal\""), "{head}");
+    assert!(!head.contains("forged"), "{head}");
+    // Without a certificate, a client's copy is dropped and none is added.
+    let without = server.curl(&["-H", forged, &server.url("/headers")]);
+    let head = String::from_utf8_lossy(&without.stdout).into_owned();
+    assert!(head.starts_with("GET /headers HTTP/1.1\r\n"), "{head}");
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("x-forwarded-client-cert"),
+        "{head}"
+    );
+}
