@@ -123,12 +123,9 @@ pub fn run(
                     let mut cmd = tool_command(client, "h2load");
                     cmd.args(["-t", "1", "-c", &case.connections.to_string()])
                         .args(["-m", &streams.to_string()])
-                        .args([
-                            "-D",
-                            &format!("{secs}"),
-                            "--warm-up-time",
-                            &format!("{warmup}"),
-                        ]);
+                        // h2load takes whole units: milliseconds.
+                        .args(["-D", &format!("{:.0}ms", secs * 1000.0)])
+                        .args(["--warm-up-time", &format!("{:.0}ms", warmup * 1000.0)]);
                     if protocol == "http/1.1" {
                         cmd.arg("--h1");
                     }

@@ -42,6 +42,9 @@ const PROTOCOL: &str = "h2";
 const STALL_CHECK: Duration = Duration::from_secs(1);
 /// How long a connection that is being closed may take to send its GOAWAY.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// DATA payload that fills a TLS record (2^14 bytes of plaintext) with
+/// its frame header.
+const FRAME_IN_RECORD: usize = 16_384 - 9;
 /// How long a connection cut off keeps draining the client's bytes.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -402,8 +405,11 @@ async fn send_file(
     cx: &HttpCtx<'_>,
 ) -> Result<u64, Broken> {
     let limit = cx.gen.config.limits.send_timeout;
-    let chunk = cx.gen.config.http2.max_send_buffer_size as usize;
+    // Reads of whole records' worth of frames.
+    let buffer = cx.gen.config.http2.max_send_buffer_size as usize;
+    let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
     let mut done: u64 = 0;
+    let mut pool = BytesMut::with_capacity(2 * chunk);
     while done < len {
         let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
         send.reserve_capacity(want);
@@ -418,9 +424,17 @@ async fn send_file(
                 Ok(Some(Ok(n))) => granted = n,
             }
         }
-        let n = granted.min(want);
-        let mut buf = BytesMut::zeroed(n);
-        let got = match file.read_at(&mut buf, start + done) {
+        let mut n = granted.min(want);
+        if n < want && n > FRAME_IN_RECORD {
+            // A window's odd end waits for the next grant, not a small frame.
+            n -= n % FRAME_IN_RECORD;
+        }
+        // Reads go into one buffer per stream: its space comes back once
+        // h2 has written (and dropped) the frames cut from it, instead of
+        // a fresh allocation (fresh pages, page faults) per chunk.
+        pool.reserve(n);
+        pool.resize(n, 0);
+        let got = match file.read_at(&mut pool, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
                 tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
@@ -429,10 +443,17 @@ async fn send_file(
             }
             Ok(got) => got,
         };
-        buf.truncate(got);
+        pool.truncate(got);
         done += got as u64;
         cx.shared.metrics.count_body("userspace", got as u64);
-        send.send_data(buf.freeze(), done == len)
+        // One DATA frame per TLS record: a frame of 16384 bytes with its
+        // 9-byte header would take a full record and a 9-byte one.
+        let mut data = pool.split().freeze();
+        while data.len() > FRAME_IN_RECORD {
+            let frame = data.split_to(FRAME_IN_RECORD);
+            send.send_data(frame, false).map_err(|_| Broken::Gone)?;
+        }
+        send.send_data(data, done == len)
             .map_err(|_| Broken::Gone)?;
     }
     Ok(done)
