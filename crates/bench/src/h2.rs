@@ -31,7 +31,9 @@ pub struct H2Row {
     pub server_cpu_us_per_req: f64,
     /// Response body bytes per server CPU-second, MB.
     pub mb_per_cpu_sec: f64,
-    /// Requests that failed or errored.
+    /// Requests that succeeded, over the repeats.
+    pub requests: u64,
+    /// Requests that failed or errored (in flight when h2load's time was up).
     pub failed: u64,
 }
 
@@ -114,6 +116,7 @@ pub fn run(
                 let mut rates = Vec::new();
                 let mut cpus = Vec::new();
                 let mut failed = 0;
+                let mut requests = 0;
                 for repeat in 0..opts.repeats {
                     tracing::info!(
                         "bench h2 [{}/{}] {case_name} → {kind}",
@@ -136,6 +139,7 @@ pub fn run(
                         BenchError::Other(format!("cannot read h2load's output: {out}"))
                     })?;
                     failed += bad;
+                    requests += ok;
                     // h2load's time covers the measurement, the CPU the
                     // warm-up too: CPU per request is over both.
                     let total = ok.max(1);
@@ -154,6 +158,7 @@ pub fn run(
                     } else {
                         0.0
                     },
+                    requests,
                     failed,
                 });
             }

@@ -634,7 +634,12 @@ impl Results {
             }
         }
         for r in &self.h2 {
-            if r.requests_per_sec <= 0.0 || r.server_cpu_us_per_req <= 0.0 || r.failed > 0 {
+            // Requests in flight when h2load's time is up count as failed:
+            // more than 1 % is a problem.
+            if r.requests_per_sec <= 0.0
+                || r.server_cpu_us_per_req <= 0.0
+                || r.failed * 100 > r.requests
+            {
                 out.push(format!(
                     "h2 {} on {} ({}): {} failed, {:.0} req/s, {:.1} µs/req",
                     r.case,

@@ -27,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::{Builder, SendResponse};
 use h2::{Reason, RecvStream, SendStream};
-use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use tlsgate_files::Preconditions;
 use tlsgate_http1::Method;
 use tlsgate_metrics::ReasonLabel;
@@ -225,7 +225,7 @@ impl Drop for OpenStream<'_> {
 }
 
 /// A request header's value; repeated fields joined with ", " (RFC 9110 §5.3).
-fn joined(headers: &HeaderMap, name: &str) -> Option<Vec<u8>> {
+fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
     let mut values = headers.get_all(name).iter();
     let first = values.next()?;
     let mut out = first.as_bytes().to_vec();
@@ -234,6 +234,24 @@ fn joined(headers: &HeaderMap, name: &str) -> Option<Vec<u8>> {
         out.extend_from_slice(v.as_bytes());
     }
     Some(out)
+}
+
+/// The HTTP/2 name of a response header of the core's (no parsing per
+/// response for the names it uses).
+fn response_header(name: &str) -> Option<HeaderName> {
+    Some(match name {
+        "Date" => header::DATE,
+        "Server" => header::SERVER,
+        "Content-Type" => header::CONTENT_TYPE,
+        "Content-Length" => header::CONTENT_LENGTH,
+        "Last-Modified" => header::LAST_MODIFIED,
+        "ETag" => header::ETAG,
+        "Accept-Ranges" => header::ACCEPT_RANGES,
+        "Content-Range" => header::CONTENT_RANGE,
+        "Location" => header::LOCATION,
+        "Allow" => header::ALLOW,
+        other => return HeaderName::from_bytes(other.as_bytes()).ok(),
+    })
 }
 
 /// Why a stream's response did not complete.
@@ -267,16 +285,16 @@ async fn serve_stream(
     let path = parts.uri.path().as_bytes();
     let h = &parts.headers;
     let conditionals = [
-        "if-match",
-        "if-none-match",
-        "if-modified-since",
-        "if-unmodified-since",
-        "if-range",
-        "range",
+        header::IF_MATCH,
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::IF_UNMODIFIED_SINCE,
+        header::IF_RANGE,
+        header::RANGE,
     ]
-    .map(|name| joined(h, name));
-    let referer = joined(h, "referer");
-    let user_agent = joined(h, "user-agent");
+    .map(|name| joined(h, &name));
+    let referer = joined(h, &header::REFERER);
+    let user_agent = joined(h, &header::USER_AGENT);
     let logged = Logged {
         method: method.as_str(),
         target,
@@ -306,10 +324,7 @@ async fn serve_stream(
     reply.headers(cx.gen, |name, value| {
         // Our own names and values: always valid (a redirect's query
         // came through h2's URI check).
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
+        if let (Some(n), Ok(v)) = (response_header(name), HeaderValue::from_bytes(value)) {
             headers.append(n, v);
         }
     });
