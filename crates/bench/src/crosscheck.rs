@@ -73,7 +73,8 @@ fn on_core<T>(core: Option<usize>, f: impl FnOnce() -> T) -> (T, f64) {
     (out, busy)
 }
 
-fn tool_command(core: Option<usize>, program: &str) -> Command {
+/// `program`, pinned to `core` with taskset when there is one.
+pub(crate) fn tool_command(core: Option<usize>, program: &str) -> Command {
     match core {
         Some(c) => {
             let mut cmd = Command::new("taskset");
@@ -86,7 +87,7 @@ fn tool_command(core: Option<usize>, program: &str) -> Command {
 
 /// Runs the commands in parallel while sampling the target's CPU; returns
 /// their outputs and the server's CPU ns.
-fn run_tools(
+pub(crate) fn run_tools(
     target: &Target,
     cmds: Vec<Command>,
     what: &str,

@@ -8,6 +8,7 @@
 pub mod bound;
 pub mod crosscheck;
 mod error;
+pub mod h2;
 pub mod materials;
 pub mod plot;
 pub mod proc;

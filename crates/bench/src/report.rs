@@ -249,6 +249,9 @@ pub struct Results {
     /// Independent measurements with openssl s_time and wrk.
     #[serde(default)]
     pub crosschecks: Vec<CrossCheck>,
+    /// The h2 scenario (h2load).
+    #[serde(default)]
+    pub h2: Vec<crate::h2::H2Row>,
 }
 
 impl Results {
@@ -262,6 +265,7 @@ impl Results {
             summaries: Vec::new(),
             bounds: None,
             crosschecks: Vec::new(),
+            h2: Vec::new(),
         }
     }
 
@@ -347,6 +351,7 @@ impl Results {
         self.latency_table(&mut out, &targets);
         self.transfer_table(&mut out, &targets);
         self.stream_table(&mut out, &targets);
+        self.h2_table(&mut out);
         if !self.crosschecks.is_empty() {
             let _ = writeln!(
                 out,
@@ -479,6 +484,28 @@ impl Results {
         }
     }
 
+    fn h2_table(&self, out: &mut String) {
+        if self.h2.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## HTTP/2 (h2load)\n\n`h2load -t 1` pinned to the generator's core drives each target over HTTP/2 (many streams per connection); tlsgate also over HTTP/1.1 (`--h1`, one request in flight per connection). Server CPU over the whole run (warm-up included, prorated); medians of the repeats.\n\n| target | case | protocol | req/s | server CPU µs/req | body MB per CPU-s |\n|---|---|---|---:|---:|---:|"
+        );
+        for r in &self.h2 {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} | {:.1} | {:.0} |",
+                r.target,
+                r.case,
+                r.protocol,
+                r.requests_per_sec,
+                r.server_cpu_us_per_req,
+                r.mb_per_cpu_sec
+            );
+        }
+    }
+
     fn transfer_table(&self, out: &mut String, targets: &[TargetKind]) {
         let cases = self.cases("transfer");
         if cases.is_empty() {
@@ -604,6 +631,24 @@ impl Results {
                         out.push(format!("{scenario} {case}: {t} was not measured"));
                     }
                 }
+            }
+        }
+        for r in &self.h2 {
+            // Requests in flight when h2load's time is up count as failed:
+            // more than 1 % is a problem.
+            if r.requests_per_sec <= 0.0
+                || r.server_cpu_us_per_req <= 0.0
+                || r.failed * 100 > r.requests
+            {
+                out.push(format!(
+                    "h2 {} on {} ({}): {} failed, {:.0} req/s, {:.1} µs/req",
+                    r.case,
+                    r.target,
+                    r.protocol,
+                    r.failed,
+                    r.requests_per_sec,
+                    r.server_cpu_us_per_req
+                ));
             }
         }
         for c in &self.crosschecks {

@@ -30,6 +30,8 @@ pub enum Scenario {
     Bound,
     /// openssl s_time and wrk against the same targets.
     CrossCheck,
+    /// HTTP/2 with h2load: small files over many streams, and 1 MiB files.
+    H2,
 }
 
 impl Scenario {
@@ -41,12 +43,14 @@ impl Scenario {
             "stream" => vec![Self::Stream],
             "bound" => vec![Self::Bound],
             "crosscheck" => vec![Self::CrossCheck],
+            "h2" => vec![Self::H2],
             "all" => vec![
                 Self::Bound,
                 Self::Handshake,
                 Self::Transfer,
                 Self::Stream,
                 Self::CrossCheck,
+                Self::H2,
             ],
             _ => return None,
         })
@@ -197,6 +201,7 @@ pub fn run(scenarios: &[Scenario], opts: &BenchOptions) -> Result<Results, Bench
                 results.summarize();
                 crate::crosscheck::run(&materials, opts, &mut results)?
             }
+            Scenario::H2 => crate::h2::run(&materials, opts, &mut results)?,
         }
         results.summarize();
     }

@@ -432,7 +432,8 @@ http {{
     keepalive_requests 100000000;
     keepalive_timeout 75s;
     server {{
-        listen {addr} ssl;
+        # HTTP/2 for the h2 scenario (nginx 1.22 syntax; `http2 on` from 1.25).
+        listen {addr} ssl http2;
         server_name {name};
         root {root};
         ssl_certificate {ecdsa_cert};
@@ -524,7 +525,7 @@ defaults
     option http-keep-alive
 
 frontend bench
-    bind {addr} ssl crt {ecdsa} crt {rsa} alpn http/1.1
+    bind {addr} ssl crt {ecdsa} crt {rsa} alpn h2,http/1.1
 {returns}    http-request return status 404
 "#,
         fds = fd_limit(),

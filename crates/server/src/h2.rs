@@ -27,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use h2::server::{Builder, SendResponse};
 use h2::{Reason, RecvStream, SendStream};
-use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use tlsgate_files::Preconditions;
 use tlsgate_http1::Method;
 use tlsgate_metrics::ReasonLabel;
@@ -42,6 +42,9 @@ const PROTOCOL: &str = "h2";
 const STALL_CHECK: Duration = Duration::from_secs(1);
 /// How long a connection that is being closed may take to send its GOAWAY.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// DATA payload that fills a TLS record (2^14 bytes of plaintext) with
+/// its frame header.
+const FRAME_IN_RECORD: usize = 16_384 - 9;
 /// How long a connection cut off keeps draining the client's bytes.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -222,7 +225,7 @@ impl Drop for OpenStream<'_> {
 }
 
 /// A request header's value; repeated fields joined with ", " (RFC 9110 §5.3).
-fn joined(headers: &HeaderMap, name: &str) -> Option<Vec<u8>> {
+fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
     let mut values = headers.get_all(name).iter();
     let first = values.next()?;
     let mut out = first.as_bytes().to_vec();
@@ -231,6 +234,24 @@ fn joined(headers: &HeaderMap, name: &str) -> Option<Vec<u8>> {
         out.extend_from_slice(v.as_bytes());
     }
     Some(out)
+}
+
+/// The HTTP/2 name of a response header of the core's (no parsing per
+/// response for the names it uses).
+fn response_header(name: &str) -> Option<HeaderName> {
+    Some(match name {
+        "Date" => header::DATE,
+        "Server" => header::SERVER,
+        "Content-Type" => header::CONTENT_TYPE,
+        "Content-Length" => header::CONTENT_LENGTH,
+        "Last-Modified" => header::LAST_MODIFIED,
+        "ETag" => header::ETAG,
+        "Accept-Ranges" => header::ACCEPT_RANGES,
+        "Content-Range" => header::CONTENT_RANGE,
+        "Location" => header::LOCATION,
+        "Allow" => header::ALLOW,
+        other => return HeaderName::from_bytes(other.as_bytes()).ok(),
+    })
 }
 
 /// Why a stream's response did not complete.
@@ -264,16 +285,16 @@ async fn serve_stream(
     let path = parts.uri.path().as_bytes();
     let h = &parts.headers;
     let conditionals = [
-        "if-match",
-        "if-none-match",
-        "if-modified-since",
-        "if-unmodified-since",
-        "if-range",
-        "range",
+        header::IF_MATCH,
+        header::IF_NONE_MATCH,
+        header::IF_MODIFIED_SINCE,
+        header::IF_UNMODIFIED_SINCE,
+        header::IF_RANGE,
+        header::RANGE,
     ]
-    .map(|name| joined(h, name));
-    let referer = joined(h, "referer");
-    let user_agent = joined(h, "user-agent");
+    .map(|name| joined(h, &name));
+    let referer = joined(h, &header::REFERER);
+    let user_agent = joined(h, &header::USER_AGENT);
     let logged = Logged {
         method: method.as_str(),
         target,
@@ -319,10 +340,7 @@ async fn serve_stream(
     reply.headers(cx.gen, |name, value| {
         // Our own names and values: always valid (a redirect's query
         // came through h2's URI check).
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(value),
-        ) {
+        if let (Some(n), Ok(v)) = (response_header(name), HeaderValue::from_bytes(value)) {
             headers.append(n, v);
         }
     });
@@ -418,8 +436,11 @@ async fn send_file(
     cx: &HttpCtx<'_>,
 ) -> Result<u64, Broken> {
     let limit = cx.gen.config.limits.send_timeout;
-    let chunk = cx.gen.config.http2.max_send_buffer_size as usize;
+    // Reads of whole records' worth of frames.
+    let buffer = cx.gen.config.http2.max_send_buffer_size as usize;
+    let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
     let mut done: u64 = 0;
+    let mut pool = BytesMut::with_capacity(2 * chunk);
     while done < len {
         let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
         send.reserve_capacity(want);
@@ -434,9 +455,17 @@ async fn send_file(
                 Ok(Some(Ok(n))) => granted = n,
             }
         }
-        let n = granted.min(want);
-        let mut buf = BytesMut::zeroed(n);
-        let got = match file.read_at(&mut buf, start + done) {
+        let mut n = granted.min(want);
+        if n < want && n > FRAME_IN_RECORD {
+            // A window's odd end waits for the next grant, not a small frame.
+            n -= n % FRAME_IN_RECORD;
+        }
+        // Reads go into one buffer per stream: its space comes back once
+        // h2 has written (and dropped) the frames cut from it, instead of
+        // a fresh allocation (fresh pages, page faults) per chunk.
+        pool.reserve(n);
+        pool.resize(n, 0);
+        let got = match file.read_at(&mut pool, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
                 tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
@@ -445,10 +474,17 @@ async fn send_file(
             }
             Ok(got) => got,
         };
-        buf.truncate(got);
+        pool.truncate(got);
         done += got as u64;
         cx.shared.metrics.count_body("userspace", got as u64);
-        send.send_data(buf.freeze(), done == len)
+        // One DATA frame per TLS record: a frame of 16384 bytes with its
+        // 9-byte header would take a full record and a 9-byte one.
+        let mut data = pool.split().freeze();
+        while data.len() > FRAME_IN_RECORD {
+            let frame = data.split_to(FRAME_IN_RECORD);
+            send.send_data(frame, false).map_err(|_| Broken::Gone)?;
+        }
+        send.send_data(data, done == len)
             .map_err(|_| Broken::Gone)?;
     }
     Ok(done)

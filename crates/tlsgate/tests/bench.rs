@@ -163,6 +163,24 @@ fn quick_bench_measures_every_scenario_on_every_target() {
             }
         }
     }
+    // HTTP/2 with h2load: two cases on every target, tlsgate over HTTP/1.1 too.
+    let h2 = results["h2"].as_array().unwrap();
+    assert_eq!(h2.len(), 2 * 3 + 2, "{h2:?}");
+    for r in h2 {
+        // Only requests in flight when h2load's time was up may fail.
+        assert!(
+            r["failed"].as_u64().unwrap() * 100 <= r["requests"].as_u64().unwrap(),
+            "{r}"
+        );
+        for key in [
+            "requests_per_sec",
+            "server_cpu_us_per_req",
+            "mb_per_cpu_sec",
+        ] {
+            let v = r[key].as_f64().unwrap();
+            assert!(v > 0.0 && v.is_finite(), "{key}: {r}");
+        }
+    }
     // The floor was measured and every handshake kind has one.
     let bounds = &results["bounds"]["ops_ns"];
     for op in [
@@ -175,6 +193,7 @@ fn quick_bench_measures_every_scenario_on_every_target() {
     }
     let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(report.contains("| TLS1.3 ECDSA full |"), "{report}");
+    assert!(report.contains("## HTTP/2 (h2load)"), "{report}");
     for plot in [
         "handshake-cpu.svg",
         "transfer-throughput.svg",

@@ -526,12 +526,20 @@ async fn read_frames(
     }
 }
 
-/// Writes `frames` in batches until done or the server stops taking them.
-async fn flood(w: &mut tokio::io::WriteHalf<ClientTls<tokio::net::TcpStream>>, frames: &[u8]) {
-    for batch in frames.chunks(16 * 1024) {
-        if w.write_all(batch).await.is_err() || w.flush().await.is_err() {
-            return;
+/// Writes each batch of frames, `pause` after each, until done or the
+/// server stops taking them.
+async fn flood(
+    w: &mut tokio::io::WriteHalf<ClientTls<tokio::net::TcpStream>>,
+    batches: &[Vec<u8>],
+    pause: Duration,
+) {
+    for batch in batches {
+        for chunk in batch.chunks(16 * 1024) {
+            if w.write_all(chunk).await.is_err() || w.flush().await.is_err() {
+                return;
+            }
         }
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -552,13 +560,24 @@ fn usage(s: &Server) -> (u64, u64) {
 /// Runs one flood connection, then proves a normal client is served and
 /// the server stayed within 64 MiB more memory and `cpu_secs` of CPU.
 fn flood_case(s: &Server, frames: Vec<u8>, listen: Duration, cpu_secs: u64) -> Seen {
+    flood_case_paced(s, vec![frames], Duration::ZERO, listen, cpu_secs)
+}
+
+/// [`flood_case`] with the frames sent in batches, `pause` apart.
+fn flood_case_paced(
+    s: &Server,
+    batches: Vec<Vec<u8>>,
+    pause: Duration,
+    listen: Duration,
+    cpu_secs: u64,
+) -> Seen {
     let (rss0, cpu0) = usage(s);
     let t0 = Instant::now();
     let seen = rt().block_on(async {
         let tls = connect_h2(s.addr).await;
         let (r, mut w) = tokio::io::split(tls);
         let reader = tokio::spawn(read_frames(r, listen));
-        flood(&mut w, &frames).await;
+        flood(&mut w, &batches, pause).await;
         // Served meanwhile: another client on another connection.
         let (code, version, body) = curl2(s, &[&s.url("/hello.txt")]);
         assert_eq!((code.as_str(), version.as_str()), ("200", "2"));
@@ -615,6 +634,36 @@ fn rapid_reset_is_cut_off_with_enhance_your_calm() {
     assert!(cut, "{text}");
     // Streams served for the flood stay near the reset burst, not 20,000.
     assert!(s.metric("tlsgate_h2_streams_total") < 2_000.0);
+}
+
+#[test]
+fn rapid_reset_of_accepted_streams_meets_the_reset_budget() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "resets_per_second = 10\nreset_burst = 50");
+    // A stream per batch, and the reset of the one before, a pause after
+    // each: every stream is accepted (its answer started) before its
+    // reset comes, so h2's bound on streams reset before they were
+    // accepted never applies; the guard's budget does.
+    let mut batches = vec![preface(&[])];
+    for b in 0..300u32 {
+        let id = 2 * b + 1;
+        let mut batch = frame(frame::HEADERS, 0x5, id, &get_block("/big.bin"));
+        if b > 0 {
+            batch.extend(frame(frame::RST_STREAM, 0, id - 2, &CANCEL.to_be_bytes()));
+        }
+        batches.push(batch);
+    }
+    let seen = flood_case_paced(
+        &s,
+        batches,
+        Duration::from_millis(2),
+        Duration::from_secs(10),
+        5,
+    );
+    assert_eq!(seen.goaway, Some(ENHANCE_YOUR_CALM), "{seen:?}");
+    s.expect_metric_line("tlsgate_h2_rejected_total{reason=\"reset_flood\"} 1\n");
+    // Cut off near the burst, not after 300 streams.
+    assert!(s.metric("tlsgate_h2_streams_total") < 120.0);
 }
 
 #[test]

@@ -291,11 +291,20 @@ impl Server {
             .unwrap_or(0.0)
     }
 
-    /// Runs curl against this server, resolving localhost to its address.
+    /// Runs curl against this server, resolving localhost to its address;
+    /// over HTTP/1.1 unless `args` say `--http2`.
     pub fn curl(&self, args: &[&str]) -> Output {
         let resolve = format!("localhost:{}:127.0.0.1", self.addr.port());
         Command::new("curl")
-            .args(["-sS", "-k", "--max-time", "20", "--resolve", &resolve])
+            .args([
+                "-sS",
+                "-k",
+                "--http1.1",
+                "--max-time",
+                "20",
+                "--resolve",
+                &resolve,
+            ])
             .args(args)
             .output()
             .expect("curl must be installed (./dev setup installs it)")
