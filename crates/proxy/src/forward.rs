@@ -362,6 +362,13 @@ pub async fn forward<D: Downstream + Send>(
                 failure: f,
                 server: Some(lease.server),
             });
+            if reused {
+                // A keep-alive connection the server had closed: nothing of
+                // the request was taken, so any request may go again, to
+                // the same server on a new connection.
+                tried.pop();
+                continue;
+            }
             if may_retry_sent {
                 continue;
             }
@@ -413,7 +420,11 @@ pub async fn forward<D: Downstream + Send>(
                     server: Some(lease.server),
                 });
                 if f == Failure::Reset && may_retry_sent {
-                    // The request is gone with the connection: send it again.
+                    // The request is gone with the connection: send it again
+                    // (a stale keep-alive one: to the same server).
+                    if reused {
+                        tried.pop();
+                    }
                     if replay.is_some() {
                         // Put the replayable body back for the next try.
                         let mut again = first.split_off(req_head.len());

@@ -175,10 +175,16 @@ fn serve_conn(
     last: &Mutex<String>,
 ) {
     let mut buf = Vec::new();
+    // Set by `/then-drop`: the connection's next request is read and the
+    // connection closed without an answer (a keep-alive close race).
+    let mut drop_next = false;
     loop {
         if !fill(io.as_mut(), &mut buf, stop, |b| {
             find(b, b"\r\n\r\n").is_some()
         }) {
+            return;
+        }
+        if drop_next {
             return;
         }
         let head_len = find(&buf, b"\r\n\r\n").unwrap() + 4;
@@ -231,6 +237,10 @@ fn serve_conn(
         };
         let answer: Vec<u8> = match path {
             "/id" => ok(name.as_bytes()),
+            "/then-drop" => {
+                drop_next = true;
+                ok(name.as_bytes())
+            }
             "/headers" => ok(head.as_bytes()),
             "/echo" => chunked(&body),
             "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
@@ -1210,4 +1220,22 @@ fn websocket_upgrades_pass_through_until_idle() {
     // A 101 nobody asked for is refused.
     let mut s = tls_connect(server.addr);
     assert_eq!(get(&mut s, "/bad/101", "").unwrap().status, 502);
+}
+
+#[test]
+fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    for round in 1..=3 {
+        assert_eq!(get(&mut s, "/then-drop", "").unwrap().status, 200);
+        // The pooled connection dies under this request: one server, so
+        // the retry goes to it again on a new connection.
+        let r = get(&mut s, "/id", "").unwrap();
+        assert_eq!((r.status, body_text(&r).as_str()), (200, "a"), "{}", r.head);
+        assert_eq!(a.conns.load(Ordering::Relaxed), round + 1);
+    }
+    server.expect_metric_line("tlsgate_upstream_retries_total{pool=\"app\"} 3");
 }
