@@ -35,7 +35,9 @@ const MAX_TRAILER: usize = 16 * 1024;
 
 /// The client side of an exchange: the connection's byte stream.
 pub trait Downstream {
-    /// Reads application bytes; 0 is end of stream.
+    /// Reads application bytes; 0 is end of stream. Must be cancel-safe
+    /// (a WebSocket tunnel waits on both sides at once and drops the read
+    /// of the side that stayed silent).
     fn read(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<usize>> + Send;
     /// Writes all of `data`.
     fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
@@ -156,6 +158,21 @@ fn idempotent(m: &Method) -> bool {
     )
 }
 
+/// The protocol of a WebSocket upgrade request (RFC 6455 §4.1: GET,
+/// HTTP/1.1, `Upgrade: websocket`, `Connection: upgrade`, no body).
+fn websocket_upgrade(head: &RequestHead) -> Option<&[u8]> {
+    let upgrade = head.header("upgrade")?;
+    let asks = connection_named(head.headers())
+        .iter()
+        .any(|o| o == b"upgrade");
+    (asks
+        && upgrade.eq_ignore_ascii_case(b"websocket")
+        && head.method() == &Method::Get
+        && head.version() == Version::Http11
+        && head.body() == BodyFraming::None)
+        .then_some(upgrade)
+}
+
 /// The request head as sent upstream.
 fn upstream_head(r: &Request<'_>) -> Vec<u8> {
     let head = r.head;
@@ -212,6 +229,10 @@ fn upstream_head(r: &Request<'_>) -> Vec<u8> {
         if is_field_value(cert.as_bytes()) {
             write_header(&mut out, "X-Forwarded-Client-Cert", cert.as_bytes());
         }
+    }
+    if let Some(protocol) = websocket_upgrade(head) {
+        write_header(&mut out, "Upgrade", protocol);
+        write_header(&mut out, "Connection", b"upgrade");
     }
     match head.body() {
         BodyFraming::None => {}
@@ -341,6 +362,13 @@ pub async fn forward<D: Downstream + Send>(
                 failure: f,
                 server: Some(lease.server),
             });
+            if reused {
+                // A keep-alive connection the server had closed: nothing of
+                // the request was taken, so any request may go again, to
+                // the same server on a new connection.
+                tried.pop();
+                continue;
+            }
             if may_retry_sent {
                 continue;
             }
@@ -372,7 +400,15 @@ pub async fn forward<D: Downstream + Send>(
                 }
             }
         }
-        let response = read_response(conn, head.method() == &Method::Head, pool, deadline).await;
+        let upgrade = websocket_upgrade(head).is_some();
+        let response = read_response(
+            conn,
+            head.method() == &Method::Head,
+            upgrade,
+            pool,
+            deadline,
+        )
+        .await;
         let (resp, ubuf) = match response {
             Ok(x) => x,
             Err(f) => {
@@ -384,7 +420,11 @@ pub async fn forward<D: Downstream + Send>(
                     server: Some(lease.server),
                 });
                 if f == Failure::Reset && may_retry_sent {
-                    // The request is gone with the connection: send it again.
+                    // The request is gone with the connection: send it again
+                    // (a stale keep-alive one: to the same server).
+                    if reused {
+                        tried.pop();
+                    }
                     if replay.is_some() {
                         // Put the replayable body back for the next try.
                         let mut again = first.split_off(req_head.len());
@@ -398,6 +438,9 @@ pub async fn forward<D: Downstream + Send>(
         };
         pool.succeeded(lease.server, sent_at.elapsed());
         let server = server_name().unwrap_or_default();
+        if resp.status() == 101 {
+            return tunnel(client, out, inbuf, r, pool, lease, &resp, ubuf, server).await;
+        }
         return relay(
             client, out, r, pool, lease, resp, ubuf, body_done, server, deadline,
         )
@@ -577,6 +620,7 @@ async fn read_client<D: Downstream>(
 async fn read_response(
     conn: &mut UpstreamConn,
     head_request: bool,
+    upgrade: bool,
     pool: &Pool,
     deadline: Option<Instant>,
 ) -> Result<(ResponseHead, Vec<u8>), Failure> {
@@ -593,8 +637,8 @@ async fn read_response(
                     ubuf.drain(..h.head_len());
                     continue;
                 }
-                // No Upgrade was asked for, so a 101 is a protocol error.
-                Ok(Some(h)) if h.status() == 101 => return Err(Failure::BadResponse),
+                // A 101 without an Upgrade asked for is a protocol error.
+                Ok(Some(h)) if h.status() == 101 && !upgrade => return Err(Failure::BadResponse),
                 Ok(Some(h)) => {
                     ubuf.drain(..h.head_len());
                     return Ok(h);
@@ -834,5 +878,98 @@ fn put_body(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
         out.extend_from_slice(b"\r\n");
     } else {
         out.extend_from_slice(data);
+    }
+}
+
+/// After a 101 to a WebSocket upgrade: the switch relayed, then bytes
+/// copied both ways until either side closes or both stay silent for the
+/// pool's `idle_timeout`. The client connection ends with the tunnel.
+#[allow(clippy::too_many_arguments)]
+async fn tunnel<D: Downstream>(
+    client: &mut D,
+    out: &mut Vec<u8>,
+    inbuf: &mut Vec<u8>,
+    r: &Request<'_>,
+    pool: &Pool,
+    mut lease: Lease<'_>,
+    resp: &ResponseHead,
+    ubuf: Vec<u8>,
+    server: String,
+) -> Outcome {
+    let accepted = resp
+        .header("upgrade")
+        .is_some_and(|u| u.eq_ignore_ascii_case(b"websocket"));
+    let Some(mut conn) = lease.conn.take().filter(|_| accepted) else {
+        pool.failed(lease.server, Failure::BadResponse);
+        return Outcome::Refused {
+            status: 502,
+            reason: Failure::BadResponse.reason(),
+            server: Some(server),
+            body_done: true,
+        };
+    };
+    write_status_line(out, 101);
+    let named = connection_named(resp.headers());
+    for (name, value) in resp.headers() {
+        if !dropped(name, RESPONSE_DROP, &named) {
+            write_header(out, name, value);
+        }
+    }
+    write_header(out, "Upgrade", b"websocket");
+    write_header(out, "Connection", b"upgrade");
+    end_head(out);
+    out.extend_from_slice(&ubuf);
+    let mut down: u64 = ubuf.len() as u64;
+    let done = |down: u64| Outcome::Relayed {
+        status: 101,
+        body_bytes: down,
+        server: server.clone(),
+        keep_client: false,
+    };
+    if send(client, out, r.send_timeout).await.is_err() {
+        return done(down);
+    }
+    // What the client sent after its request head belongs to the tunnel.
+    if !inbuf.is_empty() {
+        if conn.stream.write_all(inbuf).await.is_err() {
+            return done(down);
+        }
+        inbuf.clear();
+    }
+    let idle = pool.cfg.idle_timeout;
+    let mut from_client = vec![0u8; 16 * 1024];
+    let mut from_server = vec![0u8; 16 * 1024];
+    loop {
+        let step = tokio::time::timeout(idle, async {
+            tokio::select! {
+                n = client.read(&mut from_client) => (true, n),
+                n = conn.stream.read(&mut from_server) => (false, n),
+            }
+        })
+        .await;
+        let (client_side, n) = match step {
+            Ok((side, Ok(n))) if n > 0 => (side, n),
+            // A close, an error, or silence both ways: the tunnel ends.
+            _ => return done(down),
+        };
+        let ok = if client_side {
+            let data = from_client.get(..n).unwrap_or_default();
+            within(None, idle, Failure::IdleTimeout, async {
+                conn.stream
+                    .write_all(data)
+                    .await
+                    .map_err(|_| Failure::Reset)?;
+                conn.stream.flush().await.map_err(|_| Failure::Reset)
+            })
+            .await
+            .is_ok()
+        } else {
+            down += n as u64;
+            out.extend_from_slice(from_server.get(..n).unwrap_or_default());
+            send(client, out, r.send_timeout).await.is_ok()
+        };
+        if !ok {
+            return done(down);
+        }
     }
 }

@@ -175,10 +175,16 @@ fn serve_conn(
     last: &Mutex<String>,
 ) {
     let mut buf = Vec::new();
+    // Set by `/then-drop`: the connection's next request is read and the
+    // connection closed without an answer (a keep-alive close race).
+    let mut drop_next = false;
     loop {
         if !fill(io.as_mut(), &mut buf, stop, |b| {
             find(b, b"\r\n\r\n").is_some()
         }) {
+            return;
+        }
+        if drop_next {
             return;
         }
         let head_len = find(&buf, b"\r\n\r\n").unwrap() + 4;
@@ -231,6 +237,10 @@ fn serve_conn(
         };
         let answer: Vec<u8> = match path {
             "/id" => ok(name.as_bytes()),
+            "/then-drop" => {
+                drop_next = true;
+                ok(name.as_bytes())
+            }
             "/headers" => ok(head.as_bytes()),
             "/echo" => chunked(&body),
             "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
@@ -246,6 +256,26 @@ fn serve_conn(
             "/bad/cr" => b"HTTP/1.1 200 OK\r\nX-Evil: a\rSet-Cookie: b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
             "/bad/nul" => b"HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
             "/bad/te" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked, identity\r\n\r\n".to_vec(),
+            "/bad/101" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec(),
+            "/ws" => {
+                let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+                if io.write_all(switch).and_then(|()| io.flush()).is_err() {
+                    return;
+                }
+                // Echo every byte (frames untouched) until the peer closes.
+                let mut echo = std::mem::take(&mut buf);
+                loop {
+                    if !echo.is_empty() {
+                        if io.write_all(&echo).and_then(|()| io.flush()).is_err() {
+                            return;
+                        }
+                        echo.clear();
+                    }
+                    if !fill(io.as_mut(), &mut echo, stop, |b| !b.is_empty()) {
+                        return;
+                    }
+                }
+            }
             "/bad/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
             _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
         };
@@ -1131,4 +1161,81 @@ fn the_client_certificate_identity_reaches_the_upstream_and_forged_copies_do_not
             .contains("x-forwarded-client-cert"),
         "{head}"
     );
+}
+
+#[test]
+fn websocket_upgrades_pass_through_until_idle() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "idle_timeout = \"1s\"", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let upgrade = "GET /ws HTTP/1.1\r\nHost: app.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+    s.write_all(upgrade.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    assert!(head.starts_with("HTTP/1.1 101 "), "{head}");
+    assert!(
+        head.contains("Upgrade: websocket\r\n") && head.contains("Sec-WebSocket-Accept: "),
+        "{head}"
+    );
+    let seen = a.last_head.lock().unwrap().clone();
+    assert!(
+        seen.contains("Upgrade: websocket\r\n") && seen.contains("Connection: upgrade\r\n"),
+        "{seen}"
+    );
+    // A masked text frame "hello", echoed byte for byte, several times.
+    let frame = [
+        0x81u8,
+        0x85,
+        1,
+        2,
+        3,
+        4,
+        b'h' ^ 1,
+        b'e' ^ 2,
+        b'l' ^ 3,
+        b'l' ^ 4,
+        b'o' ^ 1,
+    ];
+    for _ in 0..3 {
+        s.write_all(&frame).unwrap();
+        let mut back = [0u8; 11];
+        s.read_exact(&mut back).unwrap();
+        assert_eq!(back, frame);
+    }
+    // Silence both ways for idle_timeout ends the tunnel.
+    let t0 = Instant::now();
+    assert!(common::closed_within(&mut s, Duration::from_secs(5)));
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // A 101 nobody asked for is refused.
+    let mut s = tls_connect(server.addr);
+    assert_eq!(get(&mut s, "/bad/101", "").unwrap().status, 502);
+}
+
+#[test]
+fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    for round in 1..=3 {
+        assert_eq!(get(&mut s, "/then-drop", "").unwrap().status, 200);
+        // The pooled connection dies under this request: one server, so
+        // the retry goes to it again on a new connection.
+        let r = get(&mut s, "/id", "").unwrap();
+        assert_eq!((r.status, body_text(&r).as_str()), (200, "a"), "{}", r.head);
+        assert_eq!(a.conns.load(Ordering::Relaxed), round + 1);
+    }
+    server.expect_metric_line("tlsgate_upstream_retries_total{pool=\"app\"} 3");
 }
