@@ -1254,3 +1254,40 @@ fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
     }
     server.expect_metric_line("tlsgate_upstream_retries_total{pool=\"app\"} 3");
 }
+
+#[test]
+fn chunked_bodies_over_the_limit_and_http10_clients() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", "max_body_bytes = 10"));
+    // 11 bytes chunked against a limit of 10: 413, nothing complete upstream.
+    let answer = common::raw_exchange(
+        server.addr,
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n",
+    );
+    assert_eq!(common::statuses(&answer), [413], "{answer}");
+    assert_eq!(a.requests.load(Ordering::Relaxed), 0);
+    // Within it: echoed.
+    let answer = common::raw_exchange(
+        server.addr,
+        b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    );
+    assert!(
+        answer.starts_with("HTTP/1.1 200 ") && answer.ends_with("5\r\nhello\r\n0\r\n\r\n"),
+        "{answer}"
+    );
+    // An HTTP/1.0 client cannot take chunked: the body ends with the connection.
+    let answer = common::raw_exchange(
+        server.addr,
+        b"GET /gen?n=100 HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+    );
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.contains("Connection: close")
+            && !head.to_ascii_lowercase().contains("transfer-encoding"),
+        "{head}"
+    );
+    // (raw_exchange reads text: compare the same way.)
+    assert_eq!(body, String::from_utf8_lossy(&pattern(100)));
+}
