@@ -313,6 +313,8 @@ impl Pool {
     pub(crate) fn succeeded(&self, i: usize, latency: Duration) {
         let Some(s) = self.servers.get(i) else { return };
         s.fails.store(0, Ordering::Relaxed);
+        // Back from a passive mark: the gauge says so again.
+        self.update_health_gauge(i);
         self.metrics
             .response_seconds
             .get_or_create(&s.labels)

@@ -72,6 +72,12 @@ pub(crate) async fn serve<T: Transport + Send>(
     (pool, max_body, keep_alive): (&Arc<Pool>, u64, bool),
 ) -> Result<(Answered, Proxied, bool), End> {
     let limits = &cx.gen.config.limits;
+    // After a reload this connection still runs on the generation it was
+    // accepted under; its client is asked to come back (Connection:
+    // close), so that its next requests meet the new pools, as nginx's
+    // old workers do with keep-alive connections.
+    let reloaded = !std::ptr::eq(&**cx.shared.current.load(), cx.gen);
+    let keep_alive = keep_alive && !reloaded;
     let req = Request {
         head,
         peer: cx.peer,
