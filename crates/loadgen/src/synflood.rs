@@ -308,11 +308,12 @@ impl SynFlood {
         let mut template = Vec::with_capacity(128);
         build_syn(self, 0, &mut template);
         let batch = self.batch.clamp(1, 256);
-        // Frames per call. Each call registers a page pool (an XDP memory
-        // model id, 65,534 in all) that is released only when every frame
-        // it sent has come back, a second or more later: thousands of calls
-        // a second run out of ids and the kernel refuses calls (ENOSPC).
-        // So at most ~1,000 calls a second (1 ms of frames each when paced),
+        // Frames per call. Thousands of calls a second make the kernel
+        // refuse calls (ENOSPC) after a few hundred thousand frames; likely
+        // (not proven) because each call registers a page pool under an XDP
+        // memory-model id (65,534 in all) freed only when every frame it
+        // sent has come back, a second or more later. So at most ~1,000
+        // calls a second (1 ms of frames each when paced),
         // and flat out big calls (~15 ms each at a million frames/s;
         // without an anchor each call also costs ~25 ms of set-up).
         let chunk = match (self.rate, &self.xdp_anchor) {
