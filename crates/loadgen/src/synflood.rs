@@ -215,7 +215,7 @@ impl SynFlood {
         }
         let sock = PacketSocket::open(ifindex(&self.iface)?)?;
         let mut frames: Vec<Vec<u8>> = vec![Vec::with_capacity(128); self.batch];
-        self.paced(stop, |sent, n| {
+        self.paced(self.batch, stop, |sent, n| {
             for (k, f) in frames.iter_mut().take(n).enumerate() {
                 build_syn(self, sent + k as u64, f);
             }
@@ -238,10 +238,12 @@ impl SynFlood {
         })
     }
 
-    /// The send loop: `send(sent so far, n)` sends up to `n` SYNs and says
-    /// how many went; batches are paced to `rate` when there is one.
+    /// The send loop: `send(sent so far, n)` sends up to `n` (at most
+    /// `batch`) SYNs and says how many went; batches are paced to `rate`
+    /// when there is one.
     fn paced(
         &self,
+        batch: usize,
         stop: &AtomicBool,
         mut send: impl FnMut(u64, usize) -> io::Result<usize>,
     ) -> io::Result<FloodReport> {
@@ -268,7 +270,7 @@ impl SynFlood {
                     continue;
                 }
             }
-            let n = (limit - sent).min(self.batch as u64) as usize;
+            let n = (limit - sent).min(batch as u64) as usize;
             sent += send(sent, n)? as u64;
         }
         Ok(FloodReport {
@@ -320,17 +322,20 @@ impl SynFlood {
             (Some(rate), Some(_)) => (rate as usize / 1_000).max(batch),
             _ => 1 << 14,
         };
-        let flood = SynFlood {
-            batch: chunk,
-            ..self.clone()
-        };
         // Calls refused with ENOSPC (out of memory model ids, above) send
         // nothing; refused for two seconds in a row is an error.
         let mut refused_since: Option<Instant> = None;
         let mut refused = 0u64;
-        let mut report = flood.paced(stop, |sent, n| {
-            match tlsgate_sys::packet::xdp_live_run(fd, &template, ifindex, n as u32, batch as u32)
-            {
+        let mut report = self.paced(
+            chunk,
+            stop,
+            |sent, n| match tlsgate_sys::packet::xdp_live_run(
+                fd,
+                &template,
+                ifindex,
+                n as u32,
+                batch as u32,
+            ) {
                 Ok(()) => {
                     refused_since = None;
                     Ok(n)
@@ -351,8 +356,8 @@ impl SynFlood {
                         self.iface
                     ),
                 )),
-            }
-        })?;
+            },
+        )?;
         report.refused_calls = refused;
         Ok(report)
     }
