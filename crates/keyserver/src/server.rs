@@ -82,7 +82,13 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
         if started.elapsed() >= HEALTHY_AFTER {
             backoff = BACKOFF_MIN;
         }
-        tracing::warn!("key server exited ({status}); starting another in {backoff:?}");
+        if status.success() {
+            // It saw the network side close its connection: that side is
+            // exiting (or `check-config` is done), not a failure to report.
+            tracing::debug!("key server finished; starting another in {backoff:?}");
+        } else {
+            tracing::warn!("key server exited ({status}); starting another in {backoff:?}");
+        }
         std::thread::sleep(backoff);
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }

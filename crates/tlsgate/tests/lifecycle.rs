@@ -29,6 +29,9 @@ fn check_config_accepts_good_and_names_file_key_and_expectation() {
     let (code, out, err) = run(&["check-config", good.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("OK"), "{out}");
+    // The key server it started for the check ends with it, quietly (its
+    // supervisor once warned "key server exited; starting another").
+    assert!(!err.contains("WARN"), "{err}");
 
     let cases: &[(&str, &str)] = &[
         (
