@@ -28,6 +28,8 @@ pub struct ConfigFile {
     pub xdp: Option<XdpSection>,
     /// HTTP/2 limits, for every listener that offers `h2`.
     pub http2: Http2Section,
+    /// How static files are opened: the open-file cache.
+    pub files: FilesSection,
     /// Upstream pools for proxied routes; `[[upstream]]` tables.
     #[serde(rename = "upstream")]
     pub upstreams: Vec<crate::proxy::UpstreamSection>,
@@ -349,6 +351,30 @@ impl Default for Http2Section {
             control_frames_per_second: 1000,
             control_frame_burst: 2000,
             idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[files]`: the open-file cache of every document root (like nginx's
+/// `open_file_cache`): descriptors, metadata and validators of recently
+/// served files, kept per worker thread.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilesSection {
+    /// Files kept open per worker thread and document root; 0 turns the
+    /// cache off. Each is one file descriptor.
+    pub open_file_cache: usize,
+    /// How long a cached file is served before it is looked up again (a
+    /// file replaced or deleted is seen by then).
+    #[serde(with = "humantime_serde")]
+    pub open_file_cache_valid: Duration,
+}
+
+impl Default for FilesSection {
+    fn default() -> Self {
+        Self {
+            open_file_cache: 1024,
+            open_file_cache_valid: Duration::from_secs(2),
         }
     }
 }

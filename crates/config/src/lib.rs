@@ -99,8 +99,19 @@ pub struct Config {
     pub xdp: Option<Xdp>,
     /// HTTP/2 limits.
     pub http2: Http2,
+    /// The open-file cache of the document roots; `None`: off.
+    pub open_file_cache: Option<OpenFileCache>,
     /// Upstream pools (`[[upstream]]`), referred to by routes by index.
     pub upstreams: Vec<Upstream>,
+}
+
+/// The validated `[files]` open-file cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFileCache {
+    /// Files kept open per worker thread and document root (at least 1).
+    pub entries: std::num::NonZeroUsize,
+    /// How long an entry is trusted after its file was opened.
+    pub valid: Duration,
 }
 
 /// Whom the network-facing process runs as once its sockets are bound.

@@ -273,6 +273,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
     };
 
     let http2 = crate::http2::validate(&c, &f.http2)?;
+    let open_file_cache = validate_files(&c, &f.files)?;
     let tls = validate_tls(&c, &f)?;
     let access_log = AccessLog {
         target: match f.access_log.target.as_str() {
@@ -358,8 +359,36 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         listeners,
         xdp,
         http2,
+        open_file_cache,
         upstreams,
     })
+}
+
+/// Most files one worker keeps open for one root: far below any
+/// descriptor limit tlsgate runs with.
+const MAX_OPEN_FILE_CACHE: usize = 100_000;
+
+fn validate_files(
+    c: &Checker<'_>,
+    f: &crate::file::FilesSection,
+) -> Result<Option<crate::OpenFileCache>, ConfigError> {
+    let entries = c.within(
+        "files.open_file_cache",
+        f.open_file_cache,
+        0,
+        MAX_OPEN_FILE_CACHE,
+    )?;
+    let Some(entries) = std::num::NonZeroUsize::new(entries) else {
+        return Ok(None);
+    };
+    let valid = f.open_file_cache_valid;
+    if valid.is_zero() || valid > Duration::from_secs(3600) {
+        return Err(c.err(
+            "files.open_file_cache_valid",
+            "expected a duration from 1ms to 1h, e.g. \"2s\" (turn the cache off with open_file_cache = 0)",
+        ));
+    }
+    Ok(Some(crate::OpenFileCache { entries, valid }))
 }
 
 fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigError> {
@@ -906,6 +935,10 @@ names = ["example.com", "*.example.com"]
             ("[http2]\nreset_burst = 0\n", "http2.reset_burst", "from 1 to"),
             ("[http2]\nidle_timeout = \"0s\"\n", "http2.idle_timeout", "greater than zero"),
             ("[http2]\nmax_streams = 5\n", "http2.max_streams", "unknown field"),
+            ("[files]\nopen_file_cache = 100001\n", "files.open_file_cache", "100000"),
+            ("[files]\nopen_file_cache_valid = \"0s\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
+            ("[files]\nopen_file_cache_valid = \"2h\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
+            ("[files]\nopen_file_cache = \"many\"\n", "files.open_file_cache", "expected usize"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
         ];
         for (text, key, needle) in cases {

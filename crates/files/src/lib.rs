@@ -7,17 +7,21 @@
 //!   that neither `..`, symlinks nor races can escape the root;
 //! * [`meta`] — validators (strong `ETag`, `Last-Modified`) and the
 //!   `Content-Type` of a file, plus HTTP-date helpers;
+//! * [`cache`] — the open-file cache: descriptors and validators of recently
+//!   served files, per worker thread;
 //! * [`select`](mod@select) — pure evaluation of conditional request headers
 //!   (RFC 9110 §13.2.2) and single byte ranges (RFC 9110 §14).
 //!
 //! Errors live in [`error`]. Nothing in this crate panics on any input.
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod error;
 pub mod meta;
 pub mod root;
 pub mod select;
 
+pub use cache::CacheOptions;
 pub use error::{LookupError, RootError};
 pub use meta::{content_type_for, http_date, parse_http_date, FileMeta};
 pub use root::{DocumentRoot, Found, RootOptions, StaticFile};

@@ -38,11 +38,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use crate::cache::{CacheOptions, OpenFileCache};
 use crate::error::{LookupError, RootError};
 use crate::meta::{content_type_for, FileMeta};
 
@@ -64,6 +67,8 @@ pub struct RootOptions {
     pub index_files: Vec<String>,
     /// Follow symlinks that lead outside the root. Default: `false`.
     pub allow_symlinks_outside_root: bool,
+    /// Keep recently served files open (see [`crate::cache`]). Default: off.
+    pub open_file_cache: Option<CacheOptions>,
 }
 
 impl Default for RootOptions {
@@ -71,6 +76,7 @@ impl Default for RootOptions {
         RootOptions {
             index_files: vec!["index.html".to_owned()],
             allow_symlinks_outside_root: false,
+            open_file_cache: None,
         }
     }
 }
@@ -85,13 +91,15 @@ pub struct DocumentRoot {
     opts: RootOptions,
     /// Cleared the first time `openat2` reports `ENOSYS`.
     openat2_supported: AtomicBool,
+    /// Files kept open per worker thread, if configured.
+    cache: Option<OpenFileCache>,
 }
 
 /// Result of a successful [`DocumentRoot::lookup`].
 #[derive(Debug)]
 pub enum Found {
-    /// A regular file to serve.
-    File(StaticFile),
+    /// A regular file to serve (shared with the open-file cache, if any).
+    File(Arc<StaticFile>),
     /// A directory asked for without trailing slash: redirect to this
     /// (percent-encoded) location, e.g. `"/docs/"`.
     Redirect(String),
@@ -238,6 +246,7 @@ impl DocumentRoot {
         Ok(DocumentRoot {
             fd,
             path,
+            cache: opts.open_file_cache.map(OpenFileCache::new),
             opts,
             openat2_supported: AtomicBool::new(true),
         })
@@ -256,8 +265,31 @@ impl DocumentRoot {
     /// Maps a request path to a file or a redirect.
     ///
     /// `raw_path` is the request path exactly as sent (percent-encoded, no
-    /// query).
+    /// query). With an open-file cache, a file served recently by this
+    /// thread comes from it, without a system call.
     pub fn lookup(&self, raw_path: &[u8]) -> Result<Found, LookupError> {
+        match &self.cache {
+            Some(cache) => {
+                cache.get_or_lookup(raw_path, Instant::now(), || self.lookup_uncached(raw_path))
+            }
+            None => self.lookup_uncached(raw_path),
+        }
+    }
+
+    /// Lets go of the files this thread's open-file cache holds past
+    /// their validity (call it now and then from every worker thread).
+    pub fn sweep_cache(&self) {
+        if let Some(cache) = &self.cache {
+            cache.sweep(Instant::now());
+        }
+    }
+
+    /// How long cached files are trusted, if this root has a cache.
+    pub fn cache_valid(&self) -> Option<std::time::Duration> {
+        self.opts.open_file_cache.map(|c| c.valid)
+    }
+
+    pub(crate) fn lookup_uncached(&self, raw_path: &[u8]) -> Result<Found, LookupError> {
         let req = RequestPath::parse(raw_path)?;
         let rel = req.relative();
         let file = self.open_beneath(&rel)?;
@@ -347,7 +379,7 @@ fn finish_file(file: File, md: &std::fs::Metadata, name: &OsStr) -> Result<Found
     let fl = rustix::fs::fcntl_getfl(&file).map_err(|e| LookupError::Io(e.into()))?;
     rustix::fs::fcntl_setfl(&file, fl - OFlags::NONBLOCK).map_err(|e| LookupError::Io(e.into()))?;
     let meta = FileMeta::from_metadata(md, content_type_for(Path::new(name)));
-    Ok(Found::File(StaticFile { file, meta }))
+    Ok(Found::File(Arc::new(StaticFile { file, meta })))
 }
 
 #[cfg(test)]
@@ -407,9 +439,9 @@ mod tests {
 
     fn body(found: Found) -> String {
         match found {
-            Found::File(mut f) => {
+            Found::File(f) => {
                 let mut s = String::new();
-                f.file.read_to_string(&mut s).unwrap();
+                (&f.file).read_to_string(&mut s).unwrap();
                 s
             }
             Found::Redirect(r) => panic!("unexpected redirect to {r}"),

@@ -70,6 +70,14 @@ impl<R> Router<R> {
         Ok(Self { entries })
     }
 
+    /// The static roots routes lead to.
+    pub fn static_roots(&self) -> impl Iterator<Item = &R> {
+        self.entries.iter().filter_map(|e| match &e.target {
+            Target::Static(r) => Some(r),
+            Target::Pool(_) => None,
+        })
+    }
+
     /// Whether the listener has no routes.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()

@@ -3,7 +3,7 @@
 //! under, so a reload swaps in a new one without touching them.
 
 use tlsgate_config::{Config, ConfigError};
-use tlsgate_files::{DocumentRoot, RootOptions};
+use tlsgate_files::{CacheOptions, DocumentRoot, RootOptions};
 use tlsgate_metrics::ProxyMetrics;
 use tlsgate_proxy::{Pools, Router};
 use tlsgate_tls::{ContextError, LoadedCert, TlsContext};
@@ -32,6 +32,16 @@ pub struct Generation {
     /// Upstream pools (`[[upstream]]`); a reload builds new ones, requests
     /// in flight finish on these.
     pub pools: Pools,
+}
+
+impl Generation {
+    /// Every document root of this generation: the listeners' and the
+    /// routes'.
+    pub fn roots(&self) -> impl Iterator<Item = &DocumentRoot> {
+        self.sites
+            .iter()
+            .flat_map(|s| std::iter::once(&s.root).chain(s.routes.static_roots()))
+    }
 }
 
 /// Builds a generation from `config` and the certificates of each of its
@@ -75,6 +85,10 @@ pub fn build(
                 RootOptions {
                     index_files: l.index.clone(),
                     allow_symlinks_outside_root: l.allow_symlinks_outside_root,
+                    open_file_cache: config.open_file_cache.map(|c| CacheOptions {
+                        entries: c.entries,
+                        valid: c.valid,
+                    }),
                 },
             )
             .map_err(|e| ConfigError::new(&origin, key, e.to_string()))

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use h2::server::{Builder, SendResponse};
 use h2::{Reason, RecvStream, SendStream};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
@@ -34,7 +35,7 @@ use tlsgate_metrics::ReasonLabel;
 use tlsgate_tls::TlsConnection;
 
 use crate::respond::{self, decide, HttpCtx, Logged, Reply, Request};
-use guard::{Alarm, GuardedIo};
+use guard::{Alarm, GuardedIo, SharedConn};
 
 /// The protocol label of this module's requests in the metrics.
 const PROTOCOL: &str = "h2";
@@ -74,7 +75,8 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     let limits = &cx.gen.config.limits;
     let h2c = &cx.gen.config.http2;
     let alarm = Alarm::default();
-    let io = GuardedIo::new(conn, h2c, &alarm);
+    let conn: SharedConn<'_> = std::sync::Mutex::new(conn);
+    let io = GuardedIo::new(&conn, h2c, &alarm);
     let mut builder = Builder::new();
     builder
         .max_concurrent_streams(h2c.max_concurrent_streams)
@@ -121,35 +123,15 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     let mut stall_check = tokio::time::interval(STALL_CHECK);
     stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
-    loop {
+    'serve: loop {
         let deadline =
             hard_deadline.unwrap_or_else(|| tokio::time::Instant::now() + h2c.idle_timeout);
+        // Biased, streams before the connection: every response that is
+        // ready is queued before `accept` polls the connection, which
+        // writes and flushes — one write for a batch of streams, not one
+        // per stream.
         tokio::select! {
-            accepted = connection.accept() => match accepted {
-                Some(Ok((req, respond))) => {
-                    served += 1;
-                    m.h2_streams.inc();
-                    streams.push(serve_stream(cx, req, respond));
-                    if served >= limits.max_requests_per_connection && !draining {
-                        connection.graceful_shutdown();
-                        draining = true;
-                    }
-                }
-                Some(Err(e)) => {
-                    if !is_client_gone(&e) {
-                        tracing::debug!(peer = %cx.peer, "HTTP/2 connection error: {e}");
-                        m.count_h2_rejected(error_reason(&e));
-                        end = End::CutOff;
-                    }
-                    break;
-                }
-                None => break,
-            },
-            Some(()) = streams.next(), if !streams.is_empty() => {
-                if streams.is_empty() {
-                    idle.as_mut().reset(tokio::time::Instant::now() + h2c.idle_timeout);
-                }
-            }
+            biased;
             () = alarm.notify.notified() => {
                 let reason = alarm.tripped().unwrap_or("flood");
                 tracing::debug!(peer = %cx.peer, "HTTP/2 client cut off: {reason}");
@@ -164,6 +146,41 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                 if r.is_err() || *shutdown.borrow() {
                     connection.graceful_shutdown();
                     draining = true;
+                }
+            }
+            Some(()) = streams.next(), if !streams.is_empty() => {
+                // Each finished stream is polled once more at most: bounded.
+                while let Some(Some(())) = streams.next().now_or_never() {}
+                if streams.is_empty() {
+                    idle.as_mut().reset(tokio::time::Instant::now() + h2c.idle_timeout);
+                }
+            }
+            accepted = connection.accept() => {
+                let mut next = Some(accepted);
+                while let Some(accepted) = next.take() {
+                    match accepted {
+                        Some(Ok((req, respond))) => {
+                            served += 1;
+                            m.h2_streams.inc();
+                            streams.push(serve_stream(cx, req, respond));
+                            if served >= limits.max_requests_per_connection && !draining {
+                                connection.graceful_shutdown();
+                                draining = true;
+                            }
+                            // Every stream the last read brought is taken
+                            // before any is answered (see `biased` above).
+                            next = connection.accept().now_or_never();
+                        }
+                        Some(Err(e)) => {
+                            if !is_client_gone(&e) {
+                                tracing::debug!(peer = %cx.peer, "HTTP/2 connection error: {e}");
+                                m.count_h2_rejected(error_reason(&e));
+                                end = End::CutOff;
+                            }
+                            break 'serve;
+                        }
+                        None => break 'serve,
+                    }
                 }
             }
             () = &mut idle, if streams.is_empty() && hard_deadline.is_none() => {
@@ -181,6 +198,12 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                 }
             }
             () = tokio::time::sleep_until(deadline), if hard_deadline.is_some() => break,
+            // Last: what every branch above wrote in this turn, in one go.
+            sent = poll_fn(|cx| guard::poll_send_records(&conn, &alarm, cx)) => {
+                if sent.is_err() {
+                    break;
+                }
+            }
         }
     }
     // Streams already answered finish their logging; the rest end with
@@ -189,6 +212,8 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
         while streams.next().await.is_some() {}
     })
     .await;
+    // Their frames (and a GOAWAY) may still wait in the buffer.
+    let _ = tokio::time::timeout(CLOSE_GRACE, poll_fn(|cx| guard::poll_flush(&conn, cx))).await;
     end
 }
 
@@ -348,7 +373,7 @@ async fn serve_stream(
         Ok(mut send) if body_len > 0 => match &reply {
             Reply::File {
                 file, start, len, ..
-            } => send_file(&mut send, file, *start, *len, cx).await,
+            } => send_file(&mut send, &file.file, *start, *len, cx).await,
             _ => {
                 let mut text = Vec::with_capacity(32);
                 reply.write_text_body(&mut text);

@@ -483,7 +483,10 @@ async fn respond<T: Transport + Send>(
         let at = out.len();
         // len <= 64 KiB, so the cast is exact.
         out.resize(at + len as usize, 0);
-        if let Err(e) = file.read_exact_at(out.get_mut(at..).unwrap_or_default(), start) {
+        if let Err(e) = file
+            .file
+            .read_exact_at(out.get_mut(at..).unwrap_or_default(), start)
+        {
             // The head promised a length we cannot deliver: drop the connection.
             tracing::warn!(peer = %cx.peer, "read failed mid-response: {e}");
             return Err(End::Abort);
@@ -498,7 +501,9 @@ async fn respond<T: Transport + Send>(
         // The head (after any queued responses) leaves with the body's
         // first bytes, never as a small record of its own.
         let limit = cx.gen.config.limits.send_timeout;
-        let r = io.send_file(out, file, start, len, scratch, limit).await;
+        let r = io
+            .send_file(out, &file.file, start, len, scratch, limit)
+            .await;
         cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
         out.clear();
         match r {

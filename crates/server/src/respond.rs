@@ -5,8 +5,8 @@
 //! the response on the wire is each protocol's business, not this one's.
 
 use std::cell::RefCell;
-use std::fs::File;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use tlsgate_files::{select, DocumentRoot, FileMeta, Found, Preconditions, Selection, StaticFile};
@@ -48,12 +48,11 @@ pub(crate) enum Reply {
         extra: Option<(&'static str, Vec<u8>)>,
     },
     /// 304 with the file's validators.
-    NotModified { meta: FileMeta },
+    NotModified { file: Arc<StaticFile> },
     /// 200 or 206: `len` bytes of `file` from `start`.
     File {
         status: u16,
-        file: File,
-        meta: FileMeta,
+        file: Arc<StaticFile>,
         start: u64,
         len: u64,
     },
@@ -113,14 +112,14 @@ impl Reply {
                 put("Content-Type", b"text/plain; charset=utf-8");
                 put_len(&mut put, text_body_len(*status));
             }
-            Reply::NotModified { meta } => validators(&mut put, meta),
+            Reply::NotModified { file } => validators(&mut put, &file.meta),
             Reply::File {
                 status,
-                meta,
+                file,
                 start,
                 len,
-                ..
             } => {
+                let meta = &file.meta;
                 put("Content-Type", meta.content_type.as_bytes());
                 put_len(&mut put, *len);
                 validators(&mut put, meta);
@@ -197,26 +196,24 @@ pub(crate) fn decide(cx: &HttpCtx<'_>, root: &DocumentRoot, req: &Request<'_>) -
             return Reply::text(status);
         }
     };
-    let StaticFile { file, meta } = found;
-    match select(&req.pre, &meta, true) {
+    let meta = &found.meta;
+    match select(&req.pre, meta, true) {
         Selection::Full => Reply::File {
             status: 200,
-            file,
             start: 0,
             len: meta.len,
-            meta,
+            file: found,
         },
         Selection::Partial {
             start,
             end_inclusive,
         } => Reply::File {
             status: 206,
-            file,
-            meta,
+            file: found,
             start,
             len: end_inclusive - start + 1,
         },
-        Selection::NotModified => Reply::NotModified { meta },
+        Selection::NotModified => Reply::NotModified { file: found },
         Selection::PreconditionFailed => Reply::text(412),
         Selection::Unsatisfiable => Reply::Text {
             status: 416,

@@ -59,9 +59,11 @@ async fn run(shared: Arc<Shared>, sockets: Vec<WorkerSocket>) {
             Err(e) => tracing::error!("cannot register a listener: {e}"),
         }
     }
+    let sweeper = tokio::spawn(sweep_file_caches(shared.clone()));
     for l in loops {
         let _ = l.await;
     }
+    sweeper.abort();
     // Listeners are closed; in-flight requests get the grace period.
     tracker.close();
     let grace = shared.current.load().config.shutdown_timeout;
@@ -70,6 +72,25 @@ async fn run(shared: Arc<Shared>, sockets: Vec<WorkerSocket>) {
             "{} connections still open at the shutdown deadline; closing them",
             tracker.len()
         );
+    }
+}
+
+/// Lets go of this worker's cached files once they expire (a deleted
+/// file's space is freed even if nobody asks for it again). Caches of
+/// older generations go with them.
+async fn sweep_file_caches(shared: Arc<Shared>) {
+    const MIN_PERIOD: Duration = Duration::from_millis(100);
+    loop {
+        let period = {
+            let gen = shared.current.load();
+            for root in gen.roots() {
+                root.sweep_cache();
+            }
+            gen.config
+                .open_file_cache
+                .map_or(Duration::from_secs(1), |c| c.valid.max(MIN_PERIOD))
+        };
+        tokio::time::sleep(period).await;
     }
 }
 

@@ -629,3 +629,92 @@ fn big_responses_reuse_memory_instead_of_faulting_pages_per_connection() {
         "{per_connection:.1} page faults per connection"
     );
 }
+
+/// The files the server process holds open under `dir`.
+fn open_files_under(pid: u32, dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect()
+}
+
+#[test]
+fn open_file_cache_keeps_files_open_and_sees_replacements_once_expired() {
+    let fx = Fixture::new();
+    let site = fx.root.canonicalize().unwrap();
+    std::fs::write(site.join("page.txt"), "first version\n").unwrap();
+    let valid = Duration::from_millis(300);
+    let s = Server::start(
+        &fx,
+        &fx.config(
+            "[files]\nopen_file_cache = 16\nopen_file_cache_valid = \"300ms\"\n",
+            "",
+        ),
+    );
+    let get = |path: &str| {
+        let out = s.curl(&["-D", "-", &s.url(path)]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let etag = |answer: &str| {
+        answer
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("etag: ")
+                    .or_else(|| l.strip_prefix("ETag: "))
+            })
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no ETag in {answer}"))
+    };
+    let first = get("/page.txt");
+    assert!(first.ends_with("first version\n"), "{first}");
+    // Served files stay open in the worker; a missing path is not kept.
+    let _ = get("/missing.txt");
+    let held = open_files_under(s.pid(), &site);
+    assert!(held.contains(&site.join("page.txt")), "{held:?}");
+    assert!(!held.iter().any(|p| p.ends_with("missing.txt")), "{held:?}");
+
+    // Replaced the way deploy tools do it: written aside, renamed over.
+    std::fs::write(site.join("page.new"), "second version, longer\n").unwrap();
+    std::fs::rename(site.join("page.new"), site.join("page.txt")).unwrap();
+    std::thread::sleep(valid + Duration::from_millis(100));
+    let second = get("/page.txt");
+    assert!(second.ends_with("second version, longer\n"), "{second}");
+    assert_ne!(etag(&first), etag(&second));
+
+    // Deleted: 404 once the entry has expired, and the descriptor is let go.
+    std::fs::remove_file(site.join("page.txt")).unwrap();
+    std::thread::sleep(valid + Duration::from_millis(100));
+    let gone = s.curl(&["-o", "/dev/null", "-w", "%{http_code}", &s.url("/page.txt")]);
+    assert_eq!(String::from_utf8_lossy(&gone.stdout), "404");
+    // Every worker's sweep lets go of it within two periods, requests or not.
+    let deadline = std::time::Instant::now() + 2 * valid + Duration::from_secs(1);
+    loop {
+        let held = open_files_under(s.pid(), &site);
+        if !held
+            .iter()
+            .any(|p| p.to_string_lossy().contains("page.txt"))
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still held: {held:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn open_file_cache_off_holds_no_file() {
+    let fx = Fixture::new();
+    let site = fx.root.canonicalize().unwrap();
+    let s = Server::start(&fx, &fx.config("[files]\nopen_file_cache = 0\n", ""));
+    assert_eq!(body(&s.curl(&[&s.url("/hello.txt")])), HELLO.as_bytes());
+    assert_eq!(
+        open_files_under(s.pid(), &site),
+        Vec::<std::path::PathBuf>::new()
+    );
+}

@@ -214,17 +214,53 @@ impl FrameReader {
     }
 }
 
+/// The TLS connection under h2, shared between h2's I/O ([`GuardedIo`])
+/// and the connection loop, which sends the records ([`poll_send_records`]).
+pub(super) type SharedConn<'c> = Mutex<&'c mut TlsConnection>;
+
+fn lock<'g, 'c>(conn: &'g SharedConn<'c>) -> std::sync::MutexGuard<'g, &'c mut TlsConnection> {
+    conn.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sends the records h2's writes left in rustls' buffer. Pending, with no
+/// wake-up, when there are none: the connection loop polls this last in
+/// every turn, after everything that could have written.
+pub(super) fn poll_send_records(
+    conn: &SharedConn<'_>,
+    alarm: &Alarm,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<()>> {
+    let mut conn = lock(conn);
+    if !conn.has_pending_records() {
+        return Poll::Pending;
+    }
+    let r = Pin::new(&mut **conn).poll_flush(cx);
+    alarm.set_blocked(r.is_pending());
+    r
+}
+
+/// Sends every record still waiting, for the end of the connection.
+pub(super) fn poll_flush(conn: &SharedConn<'_>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    Pin::new(&mut **lock(conn)).poll_flush(cx)
+}
+
 /// The TLS connection as h2's I/O, with the frame accounting.
-pub(super) struct GuardedIo<'a> {
-    conn: &'a mut TlsConnection,
+///
+/// Flushes are deferred: h2 flushes after every DATA frame it does not
+/// copy (over 256 bytes), which would be one `writev` per response of a
+/// small file. The records wait in rustls' buffer until the connection
+/// loop's turn ends ([`poll_send_records`]), or until the buffer is full
+/// (64 KiB), when a write sends them and waits for the client as needed.
+pub(super) struct GuardedIo<'a, 'c> {
+    conn: &'a SharedConn<'c>,
     frames: FrameReader,
     alarm: &'a Alarm,
     /// Sent bytes not yet turned into control-frame credit.
     sent: usize,
 }
 
-impl<'a> GuardedIo<'a> {
-    pub fn new(conn: &'a mut TlsConnection, limits: &Http2, alarm: &'a Alarm) -> Self {
+impl<'a, 'c> GuardedIo<'a, 'c> {
+    pub fn new(conn: &'a SharedConn<'c>, limits: &Http2, alarm: &'a Alarm) -> Self {
         Self {
             conn,
             frames: FrameReader::new(limits, Instant::now()),
@@ -251,7 +287,7 @@ impl<'a> GuardedIo<'a> {
     }
 }
 
-impl AsyncRead for GuardedIo<'_> {
+impl AsyncRead for GuardedIo<'_, '_> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -264,7 +300,7 @@ impl AsyncRead for GuardedIo<'_> {
             return Poll::Pending;
         }
         let before = buf.filled().len();
-        let r = Pin::new(&mut *this.conn).poll_read(cx, buf);
+        let r = Pin::new(&mut **lock(this.conn)).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             let got = buf.filled().get(before..).unwrap_or_default();
             if let Err(reason) = this.frames.observe(got, Instant::now()) {
@@ -279,7 +315,7 @@ impl AsyncRead for GuardedIo<'_> {
     }
 }
 
-impl AsyncWrite for GuardedIo<'_> {
+impl AsyncWrite for GuardedIo<'_, '_> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -294,24 +330,22 @@ impl AsyncWrite for GuardedIo<'_> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let r = Pin::new(&mut *this.conn).poll_write_vectored(cx, bufs);
+        let r = Pin::new(&mut **lock(this.conn)).poll_write_vectored(cx, bufs);
         this.wrote(&r);
         r
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.conn.is_write_vectored()
+        lock(self.conn).is_write_vectored()
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let r = Pin::new(&mut *this.conn).poll_flush(cx);
-        this.alarm.set_blocked(r.is_pending());
-        r
+    /// Deferred to the end of the connection loop's turn (see above).
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut *self.get_mut().conn).poll_shutdown(cx)
+        Pin::new(&mut **lock(self.get_mut().conn)).poll_shutdown(cx)
     }
 }
 
