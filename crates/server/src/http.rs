@@ -50,12 +50,8 @@ pub(crate) struct Answered {
 /// Reads more bytes into the tail of `buf`. Callers that may cancel this
 /// future return from the connection right after, so the zero-filled tail
 /// left by a cancellation is never parsed.
-async fn read_more<T: Transport>(io: &mut T, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-    let start = buf.len();
-    buf.resize(start + READ_CHUNK, 0);
-    let r = io.read(buf.get_mut(start..).unwrap_or_default()).await;
-    buf.truncate(start + *r.as_ref().unwrap_or(&0));
-    r
+async fn read_more<T: Transport + Send>(io: &mut T, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    io.read_append(buf, READ_CHUNK).await
 }
 
 /// Sends the queued output within the send timeout.
@@ -332,7 +328,7 @@ async fn close<T: Transport>(io: &mut T) {
 }
 
 /// Discards a Content-Length body.
-async fn drain_length<T: Transport>(
+async fn drain_length<T: Transport + Send>(
     io: &mut T,
     inbuf: &mut Vec<u8>,
     len: u64,
@@ -355,7 +351,7 @@ async fn drain_length<T: Transport>(
 }
 
 /// Discards a chunked body. `Err(Ok(status))` answers the client's error.
-async fn drain_chunked<T: Transport>(
+async fn drain_chunked<T: Transport + Send>(
     io: &mut T,
     inbuf: &mut Vec<u8>,
     cx: &HttpCtx<'_>,

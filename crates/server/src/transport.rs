@@ -20,6 +20,24 @@ use tokio::net::TcpStream;
 pub trait Transport {
     /// Reads application bytes; 0 is end of stream.
     fn read(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<usize>> + Send;
+    /// Reads at most `max` application bytes onto the end of `buf`; 0 is
+    /// end of stream.
+    fn read_append(
+        &mut self,
+        buf: &mut Vec<u8>,
+        max: usize,
+    ) -> impl Future<Output = io::Result<usize>> + Send
+    where
+        Self: Send,
+    {
+        async move {
+            let start = buf.len();
+            buf.resize(start + max, 0);
+            let r = self.read(buf.get_mut(start..).unwrap_or_default()).await;
+            buf.truncate(start + *r.as_ref().unwrap_or(&0));
+            r
+        }
+    }
     /// Queues or writes all of `data`.
     fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
     /// Sends everything queued.
@@ -191,6 +209,9 @@ impl Transport for TlsClient<'_> {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.conn.read(buf).await
     }
+    async fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        self.conn.read_append(buf, max).await
+    }
     async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         self.conn.write_all(data).await
     }
@@ -252,6 +273,9 @@ impl Transport for TlsClient<'_> {
 impl Transport for TlsConnection {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         TlsConnection::read(self, buf).await
+    }
+    async fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        TlsConnection::read_append(self, buf, max).await
     }
     async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         TlsConnection::write_all(self, data).await

@@ -399,6 +399,57 @@ impl TlsConnection {
         r
     }
 
+    /// Like [`read`](Self::read), appending at most `max` bytes to `out`;
+    /// in user space only as many bytes as rustls holds decrypted are
+    /// zero-filled first, not `max` per read (a 16 KiB memset per request
+    /// of a keep-alive connection was 8 % of the server's CPU).
+    pub async fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        let want = if self.carried.is_empty() && !self.peer_closed {
+            self.wait_plaintext().await?.clamp(1, max.max(1))
+        } else {
+            max
+        };
+        let at = out.len();
+        out.resize(at + want, 0);
+        let r = self.read(out.get_mut(at..).unwrap_or_default()).await;
+        out.truncate(at + *r.as_ref().unwrap_or(&0));
+        r
+    }
+
+    /// How many decrypted bytes rustls holds, once it holds some; waits
+    /// for the client as needed. `usize::MAX` when that is unknown (kernel
+    /// layer) or none will come (a close or EOF, which `read` reports).
+    async fn wait_plaintext(&mut self) -> io::Result<usize> {
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                return Ok(usize::MAX);
+            };
+            let state = match tls.process_new_packets() {
+                Ok(state) => state,
+                Err(e) => {
+                    let _ = tls.write_tls(&mut SyncIo(&self.sock));
+                    self.write_closed = true;
+                    self.failed();
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            };
+            if state.plaintext_bytes_to_read() > 0 {
+                return Ok(state.plaintext_bytes_to_read());
+            }
+            if state.peer_has_closed() {
+                return Ok(usize::MAX);
+            }
+            // Send what is queued (tickets, a KeyUpdate answer) before
+            // waiting for the client, as `read` does.
+            if tls.wants_write() {
+                self.flush().await?;
+            }
+            if self.read_tls().await? == 0 {
+                return Ok(usize::MAX);
+            }
+        }
+    }
+
     async fn read_user(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let Layer::User(tls) = &mut self.layer else {
