@@ -12,15 +12,16 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::Value;
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_tlsgate")
-}
+use common::{bin, Server};
 
 fn manifests() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/kubernetes")
@@ -498,4 +499,80 @@ fn the_cronjob_rotates_a_secret_shaped_key_file_and_patches_the_secret_the_serve
     let binding = resource("RoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     assert_eq!(binding["subjects"][0]["name"], sa);
+}
+
+/// A capability set from /proc/PID/status ("CapEff", "CapBnd"...).
+fn capabilities(pid: u32, set: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{set}:")))
+        .unwrap();
+    u64::from_str_radix(line.trim(), 16).unwrap()
+}
+
+/// The pod as the Deployment runs it: the ConfigMap's file, the Secrets
+/// laid out as the kubelet does, every capability dropped (as the
+/// container's `capabilities.drop: [ALL]` leaves uid 0), and the listen
+/// addresses overridden as the DaemonSet does (free ports here). It
+/// serves, and picks up a rotated key file when the kubelet swaps the
+/// volume's `..data` link, without a signal.
+#[test]
+fn the_pod_serves_without_capabilities_and_follows_a_kubelet_style_key_update() {
+    let root = tempfile::tempdir().unwrap();
+    let keys = root.path().join("generated.keys");
+    generate_keys(&keys, 1);
+    let config = pod_files(root.path(), &std::fs::read(&keys).unwrap());
+    let config = config.to_str().unwrap();
+    let server = Server::spawn_under(
+        &[
+            "setpriv",
+            "--bounding-set=-all",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+        ],
+        &[
+            "serve",
+            "--config",
+            config,
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+        ],
+    );
+    assert_eq!(capabilities(server.pid(), "CapBnd"), 0, "{}", server.log());
+    assert_eq!(capabilities(server.pid(), "CapEff"), 0);
+    assert!(server.admin_get("/healthz").starts_with("HTTP/1.1 200"));
+    // A TLS exchange with the proxy route (no upstream runs here: an
+    // error status from tlsgate, over TLS, is the answer).
+    let url = server.url("/");
+    let out = server.curl(&["-o", "/dev/null", "-w", "%{http_code}", &url]);
+    let code = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(code.starts_with('5'), "{code}: {}", server.log());
+
+    // The kubelet's update: the new files in a new directory, then `..data`
+    // swapped to it with one rename.
+    let tickets = under(root.path(), "/etc/tlsgate/tickets");
+    let rotated = root.path().join("rotated.keys");
+    std::fs::copy(&keys, &rotated).unwrap();
+    let out = Command::new(bin())
+        .args(["ticket-keys", "rotate"])
+        .arg(&rotated)
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let data = tickets.join("..2026_11_25_02_00_00.000000002");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::copy(&rotated, data.join("ticket.keys")).unwrap();
+    std::fs::set_permissions(
+        data.join("ticket.keys"),
+        std::fs::Permissions::from_mode(0o400),
+    )
+    .unwrap();
+    symlink(data.file_name().unwrap(), tickets.join("..data_tmp")).unwrap();
+    std::fs::rename(tickets.join("..data_tmp"), tickets.join("..data")).unwrap();
+    server.wait_log("ticket keys reloaded from", Duration::from_secs(10));
+    assert!(server.log().contains(": 2 keys"), "{}", server.log());
+    server.expect_metric_line("tlsgate_ticket_key_reloads_total{result=\"ok\"} 1");
 }
