@@ -782,6 +782,68 @@ mod tests {
         assert!(!cell(TargetKind::Tlsgate, 1000, 990_000_000, 0.99).generator_bound);
     }
 
+    fn proxy_cell(target: TargetKind, errors: u64, upstream_us: f64, core_busy: f64) -> Cell {
+        let mut load = Report {
+            window_secs: 1.0,
+            operations: 1000,
+            bytes: 1_000_000,
+            client_cpu_secs: 0.5,
+            client_threads: 1,
+            ..Report::default()
+        };
+        if errors > 0 {
+            load.errors.insert("status".into(), errors);
+        }
+        load.extra
+            .insert("beside_cpu_us_per_op".into(), upstream_us);
+        load.extra.insert("client_core_busy".into(), core_busy);
+        Cell::new(
+            crate::proxy::SCENARIO,
+            "1 KiB keep-alive",
+            target,
+            0,
+            load,
+            20_000_000,
+            0,
+            0,
+            0,
+        )
+    }
+
+    #[test]
+    fn proxy_rows_show_both_ratios_and_broken_cells_are_not_sane() {
+        let mut r = Results::new(Machine::detect("test".into()), true);
+        r.versions.insert("upstream".into(), "nginx/1.22.1".into());
+        r.cells.push(proxy_cell(TargetKind::Tlsgate, 0, 10.0, 0.5));
+        r.cells.push(proxy_cell(TargetKind::Nginx, 0, 11.0, 0.5));
+        let mut haproxy = proxy_cell(TargetKind::Haproxy, 0, 12.0, 0.5);
+        haproxy.server_cpu_us_per_op = 40.0;
+        r.cells.push(haproxy);
+        r.summarize();
+        let md = r.markdown();
+        assert!(md.contains("## Proxy: TLS 1.3 in"), "{md}");
+        // 20 µs against nginx's 20 and HAProxy's 40; upstream 10 µs; 50 %.
+        assert!(
+            md.contains("| 1 KiB keep-alive | tlsgate | 1000 | 20.0 |")
+                && md.contains("| 10.0 | 50 % | 1.00 | 0.50 |"),
+            "{md}"
+        );
+        assert!(r.insanities().is_empty(), "{:?}", r.insanities());
+
+        // More than 1 % failed requests, or no upstream CPU: not a figure.
+        r.cells.push(proxy_cell(TargetKind::Tlsgate, 11, 10.0, 0.5));
+        r.cells.push(proxy_cell(TargetKind::Nginx, 0, 0.0, 0.5));
+        let insane = r.insanities();
+        assert!(
+            insane.iter().any(|i| i.contains("11 failed requests")),
+            "{insane:?}"
+        );
+        assert!(
+            insane.iter().any(|i| i.contains("no upstream CPU time")),
+            "{insane:?}"
+        );
+    }
+
     #[test]
     fn report_shows_ratio_to_nginx() {
         let mut r = Results::new(Machine::detect("test".into()), true);
