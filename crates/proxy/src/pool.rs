@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tlsgate_config::{ConfigError, HashKey, Upstream};
-use tlsgate_metrics::types::Gauge;
+use tlsgate_metrics::types::{Counter, Gauge, Histogram};
 use tlsgate_metrics::{PoolLabel, ProxyMetrics, ServerErrorLabels, ServerLabels};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -44,6 +44,10 @@ pub(crate) struct Server {
     open: Gauge,
     idle_gauge: Gauge,
     healthy_gauge: Gauge,
+    /// This server's series of the per-request metrics, looked up once
+    /// (not per request: a lock and a hash of two strings each).
+    requests: Counter,
+    response_seconds: Histogram,
 }
 
 /// A pool of servers built from one `[[upstream]]` of one generation.
@@ -110,6 +114,8 @@ impl Pool {
                     open: metrics.connections_open.get_or_create(&labels).clone(),
                     idle_gauge: metrics.connections_idle.get_or_create(&labels).clone(),
                     healthy_gauge,
+                    requests: metrics.requests.get_or_create(&labels).clone(),
+                    response_seconds: metrics.response_seconds.get_or_create(&labels).clone(),
                     labels,
                 }
             })
@@ -317,15 +323,12 @@ impl Pool {
         s.fails.store(0, Ordering::Relaxed);
         // Back from a passive mark: the gauge says so again.
         self.update_health_gauge(i);
-        self.metrics
-            .response_seconds
-            .get_or_create(&s.labels)
-            .observe(latency.as_secs_f64());
+        s.response_seconds.observe(latency.as_secs_f64());
     }
 
     pub(crate) fn count_request(&self, i: usize) {
         if let Some(s) = self.servers.get(i) {
-            self.metrics.requests.get_or_create(&s.labels).inc();
+            s.requests.inc();
         }
     }
 
