@@ -12,6 +12,7 @@ pub mod h2;
 pub mod materials;
 pub mod plot;
 pub mod proc;
+pub mod proxy;
 pub mod report;
 pub mod runner;
 pub mod scenario;

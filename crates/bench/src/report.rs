@@ -87,6 +87,10 @@ impl Cell {
     }
 }
 
+fn extra(c: &Cell, key: &str) -> f64 {
+    c.load.extra.get(key).copied().unwrap_or(0.0)
+}
+
 fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
@@ -136,6 +140,13 @@ pub struct Summary {
     pub late_per_sec: f64,
     /// Any repeat was generator-bound.
     pub generator_bound: bool,
+    /// CPU per operation of what ran beside the target (the proxy
+    /// scenario's upstream), µs.
+    #[serde(default)]
+    pub beside_cpu_us_per_op: f64,
+    /// Busy share of the generator's core, where measured (proxy).
+    #[serde(default)]
+    pub client_core_busy: f64,
 }
 
 /// Median of the values (0 for none).
@@ -184,6 +195,8 @@ impl Summary {
                 )
             }),
             generator_bound: cells.iter().any(|c| c.generator_bound),
+            beside_cpu_us_per_op: m(&|c| extra(c, "beside_cpu_us_per_op")),
+            client_core_busy: m(&|c| extra(c, "client_core_busy")),
         }
     }
 }
@@ -352,6 +365,7 @@ impl Results {
         self.transfer_table(&mut out, &targets);
         self.stream_table(&mut out, &targets);
         self.h2_table(&mut out);
+        self.proxy_table(&mut out, &targets);
         if !self.crosschecks.is_empty() {
             let _ = writeln!(
                 out,
@@ -506,6 +520,48 @@ impl Results {
         }
     }
 
+    fn proxy_table(&self, out: &mut String, targets: &[TargetKind]) {
+        let cases = self.cases(crate::proxy::SCENARIO);
+        if cases.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Proxy: TLS 1.3 in, keep-alive HTTP/1.1 to one plain-HTTP upstream\n\nThe proxy's CPU is its own process tree only; the upstream ({}) runs on the generator's core, its CPU per request and that core's busy share are shown beside. Ratios are the row's target ÷ nginx and ÷ HAProxy (lower is better).\n\n| case | target | req/s | proxy CPU µs/req | p50 ms | p99 ms | proxy CPU % | upstream CPU µs/req | generator core busy | CPU ÷ nginx | CPU ÷ HAProxy | p99 ÷ nginx | p99 ÷ HAProxy |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            self.versions.get("upstream").map_or("nginx", String::as_str)
+        );
+        let scenario = crate::proxy::SCENARIO;
+        let vs = |s: &Summary, other: TargetKind, f: fn(&Summary) -> f64| match self
+            .summary(scenario, &s.case, other)
+        {
+            Some(o) if f(o) > 0.0 => format!("{:.2}", f(s) / f(o)),
+            _ => "–".into(),
+        };
+        for case in &cases {
+            for t in targets {
+                let Some(s) = self.summary(scenario, case, *t) else {
+                    continue;
+                };
+                let warn = if s.generator_bound { " ⚠" } else { "" };
+                let _ = writeln!(
+                    out,
+                    "| {case} | {t} | {:.0}{warn} | {:.1} | {:.2} | {:.2} | {:.0} | {:.1} | {:.0} % | {} | {} | {} | {} |",
+                    s.ops_per_sec,
+                    s.cpu_us_per_op,
+                    s.p50_us / 1e3,
+                    s.p99_us / 1e3,
+                    s.server_utilization * 100.0,
+                    s.beside_cpu_us_per_op,
+                    s.client_core_busy * 100.0,
+                    vs(s, TargetKind::Nginx, |s| s.cpu_us_per_op),
+                    vs(s, TargetKind::Haproxy, |s| s.cpu_us_per_op),
+                    vs(s, TargetKind::Nginx, |s| s.p99_us),
+                    vs(s, TargetKind::Haproxy, |s| s.p99_us),
+                );
+            }
+        }
+    }
+
     fn transfer_table(&self, out: &mut String, targets: &[TargetKind]) {
         let cases = self.cases("transfer");
         if cases.is_empty() {
@@ -622,9 +678,24 @@ impl Results {
             if c.scenario == "handshake" && c.load.handshakes == 0 {
                 out.push(format!("{what}: no handshake completed"));
             }
+            // A proxy that answers errors (502, 504) measures its error
+            // path: more than 1 % failed requests void the cell.
+            if c.scenario == crate::proxy::SCENARIO {
+                if c.load.error_count() * 100 > c.load.operations {
+                    out.push(format!(
+                        "{what}: {} failed requests of {} ({:?})",
+                        c.load.error_count(),
+                        c.load.operations,
+                        c.load.first_error
+                    ));
+                }
+                if extra(c, "beside_cpu_us_per_op") <= 0.0 {
+                    out.push(format!("{what}: no upstream CPU time measured"));
+                }
+            }
         }
         let targets = self.targets();
-        for scenario in ["handshake", "latency", "transfer", "stream"] {
+        for scenario in ["handshake", "latency", "transfer", "stream", "proxy"] {
             for case in self.cases(scenario) {
                 for t in &targets {
                     if self.summary(scenario, &case, *t).is_none() {
@@ -709,6 +780,68 @@ mod tests {
         assert!((c.server_cpu_ns_per_byte - 500.0).abs() < 1e-9);
         assert!(c.generator_bound, "client 99 % busy, server 50 %");
         assert!(!cell(TargetKind::Tlsgate, 1000, 990_000_000, 0.99).generator_bound);
+    }
+
+    fn proxy_cell(target: TargetKind, errors: u64, upstream_us: f64, core_busy: f64) -> Cell {
+        let mut load = Report {
+            window_secs: 1.0,
+            operations: 1000,
+            bytes: 1_000_000,
+            client_cpu_secs: 0.5,
+            client_threads: 1,
+            ..Report::default()
+        };
+        if errors > 0 {
+            load.errors.insert("status".into(), errors);
+        }
+        load.extra
+            .insert("beside_cpu_us_per_op".into(), upstream_us);
+        load.extra.insert("client_core_busy".into(), core_busy);
+        Cell::new(
+            crate::proxy::SCENARIO,
+            "1 KiB keep-alive",
+            target,
+            0,
+            load,
+            20_000_000,
+            0,
+            0,
+            0,
+        )
+    }
+
+    #[test]
+    fn proxy_rows_show_both_ratios_and_broken_cells_are_not_sane() {
+        let mut r = Results::new(Machine::detect("test".into()), true);
+        r.versions.insert("upstream".into(), "nginx/1.22.1".into());
+        r.cells.push(proxy_cell(TargetKind::Tlsgate, 0, 10.0, 0.5));
+        r.cells.push(proxy_cell(TargetKind::Nginx, 0, 11.0, 0.5));
+        let mut haproxy = proxy_cell(TargetKind::Haproxy, 0, 12.0, 0.5);
+        haproxy.server_cpu_us_per_op = 40.0;
+        r.cells.push(haproxy);
+        r.summarize();
+        let md = r.markdown();
+        assert!(md.contains("## Proxy: TLS 1.3 in"), "{md}");
+        // 20 µs against nginx's 20 and HAProxy's 40; upstream 10 µs; 50 %.
+        assert!(
+            md.contains("| 1 KiB keep-alive | tlsgate | 1000 | 20.0 |")
+                && md.contains("| 10.0 | 50 % | 1.00 | 0.50 |"),
+            "{md}"
+        );
+        assert!(r.insanities().is_empty(), "{:?}", r.insanities());
+
+        // More than 1 % failed requests, or no upstream CPU: not a figure.
+        r.cells.push(proxy_cell(TargetKind::Tlsgate, 11, 10.0, 0.5));
+        r.cells.push(proxy_cell(TargetKind::Nginx, 0, 0.0, 0.5));
+        let insane = r.insanities();
+        assert!(
+            insane.iter().any(|i| i.contains("11 failed requests")),
+            "{insane:?}"
+        );
+        assert!(
+            insane.iter().any(|i| i.contains("no upstream CPU time")),
+            "{insane:?}"
+        );
     }
 
     #[test]

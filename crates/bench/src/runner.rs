@@ -10,8 +10,8 @@ use tlsgate_loadgen::{
 };
 
 use crate::error::BenchError;
-use crate::proc::{ProcessTree, Sample};
-use crate::report::Cell;
+use crate::proc::{CoreTicks, ProcessTree, Sample};
+use crate::report::{Cell, CLIENT_SATURATED, SERVER_BUSY};
 use crate::targets::Target;
 
 /// Which cores the server and the generator use.
@@ -61,24 +61,57 @@ impl Job {
     }
 }
 
-/// Samples the server's process tree when the window opens and closes.
+/// A process that serves the target during a cell without being the
+/// target (the `proxy` scenario's upstream), measured over the same window.
+pub struct Beside<'a> {
+    /// Its processes.
+    pub tree: &'a ProcessTree,
+    /// The generator's core, whose busy share is measured too (it may
+    /// share the core with the generator).
+    pub client_core: Option<usize>,
+}
+
+/// What is sampled at one edge of the window.
+#[derive(Default)]
+struct Edge {
+    target: Sample,
+    beside_cpu_ns: u64,
+    core: Option<CoreTicks>,
+}
+
+/// Samples the server's process tree (and whatever runs beside it) when
+/// the window opens and closes.
 struct Sampler<'a> {
     tree: &'a ProcessTree,
-    open: Mutex<Option<Sample>>,
-    close: Mutex<Option<Sample>>,
+    beside: Option<&'a Beside<'a>>,
+    open: Mutex<Option<Edge>>,
+    close: Mutex<Option<Edge>>,
+}
+
+impl Sampler<'_> {
+    fn edge(&self) -> Edge {
+        Edge {
+            target: self.tree.sample(),
+            beside_cpu_ns: self.beside.map_or(0, |b| b.tree.cpu_ns()),
+            core: self
+                .beside
+                .and_then(|b| b.client_core)
+                .and_then(CoreTicks::now),
+        }
+    }
 }
 
 impl Observer for Sampler<'_> {
     fn window_opened(&self) {
-        let s = self.tree.sample();
+        let e = self.edge();
         if let Ok(mut o) = self.open.lock() {
-            *o = Some(s);
+            *o = Some(e);
         }
     }
     fn window_closed(&self) {
-        let s = self.tree.sample();
+        let e = self.edge();
         if let Ok(mut c) = self.close.lock() {
-            *c = Some(s);
+            *c = Some(e);
         }
     }
 }
@@ -95,10 +128,27 @@ impl Runner {
         repeat: usize,
         job: Job,
     ) -> Result<Cell, BenchError> {
+        Self::measure_beside(target, None, scenario, case, repeat, job)
+    }
+
+    /// Measures one cell, and what runs beside the target over the same
+    /// window: its CPU per operation goes into the report's `extra` as
+    /// `beside_cpu_us_per_op` and `beside_utilization`, the generator
+    /// core's busy share as `client_core_busy`; a cell whose generator
+    /// core was saturated while the server was not is generator-bound.
+    pub fn measure_beside(
+        target: &mut Target,
+        beside: Option<&Beside<'_>>,
+        scenario: &str,
+        case: &str,
+        repeat: usize,
+        job: Job,
+    ) -> Result<Cell, BenchError> {
         target.check_alive()?;
         let before = target.tree().sample();
         let sampler = Sampler {
             tree: target.tree(),
+            beside,
             open: Mutex::new(None),
             close: Mutex::new(None),
         };
@@ -107,7 +157,7 @@ impl Runner {
             case: case.to_string(),
             source: Box::new(source),
         };
-        let report = match &job {
+        let mut report = match &job {
             Job::Handshake(j) => run_handshakes(j, &sampler),
             Job::Transfer(j) => run_transfer(j, &sampler),
             Job::Stream(j) => run_stream(j, &sampler),
@@ -122,17 +172,39 @@ impl Runner {
             .unwrap_or_default();
         check_negotiated(target, case, job.profile(), &report)?;
         target.check_alive()?;
-        Ok(Cell::new(
+        let mut core_busy = None;
+        if beside.is_some() {
+            let per_op = |ns: u64| ns as f64 / 1e3 / report.operations.max(1) as f64;
+            let ns = close.beside_cpu_ns.saturating_sub(open.beside_cpu_ns);
+            report
+                .extra
+                .insert("beside_cpu_us_per_op".into(), per_op(ns));
+            report.extra.insert(
+                "beside_utilization".into(),
+                ns as f64 / 1e9 / report.window_secs.max(1e-9),
+            );
+            if let (Some(a), Some(b)) = (open.core, close.core) {
+                let busy = b.busy_since(&a);
+                report.extra.insert("client_core_busy".into(), busy);
+                core_busy = Some(busy);
+            }
+        }
+        let mut cell = Cell::new(
             scenario,
             case,
             target.kind(),
             repeat,
             report,
-            close.cpu_ns.saturating_sub(open.cpu_ns),
+            close.target.cpu_ns.saturating_sub(open.target.cpu_ns),
             before.pss_bytes,
-            open.pss_bytes,
-            close.pss_bytes,
-        ))
+            open.target.pss_bytes,
+            close.target.pss_bytes,
+        );
+        if core_busy.is_some_and(|b| b >= CLIENT_SATURATED) && cell.server_utilization < SERVER_BUSY
+        {
+            cell.generator_bound = true;
+        }
+        Ok(cell)
     }
 }
 

@@ -32,6 +32,8 @@ pub enum Scenario {
     CrossCheck,
     /// HTTP/2 with h2load: small files over many streams, and 1 MiB files.
     H2,
+    /// Each target as a reverse proxy to one plain-HTTP upstream.
+    Proxy,
 }
 
 impl Scenario {
@@ -44,6 +46,7 @@ impl Scenario {
             "bound" => vec![Self::Bound],
             "crosscheck" => vec![Self::CrossCheck],
             "h2" => vec![Self::H2],
+            "proxy" => vec![Self::Proxy],
             "all" => vec![
                 Self::Bound,
                 Self::Handshake,
@@ -51,6 +54,7 @@ impl Scenario {
                 Self::Stream,
                 Self::CrossCheck,
                 Self::H2,
+                Self::Proxy,
             ],
             _ => return None,
         })
@@ -82,6 +86,9 @@ pub struct BenchOptions {
     pub stream_connections: Vec<usize>,
     /// Window of each stream point.
     pub stream_measure: Duration,
+    /// Client connections in the proxy scenario (each with one request in
+    /// flight, or one handshake in progress).
+    pub proxy_connections: usize,
     /// Cores.
     pub placement: Placement,
     /// The tlsgate binary to run as a target.
@@ -141,6 +148,7 @@ impl BenchOptions {
                 vec![1000, 2500, 5000, 10000]
             },
             stream_measure: Duration::from_secs(if quick { 2 } else { 10 }),
+            proxy_connections: if quick { 4 } else { 16 },
             placement: Placement::detect(),
             tlsgate_bin,
             tlsgate_server_extra: String::new(),
@@ -156,6 +164,7 @@ impl BenchOptions {
             tlsgate_bin: self.tlsgate_bin.clone(),
             tlsgate_server_extra: self.tlsgate_server_extra.clone(),
             tlsgate_offload: self.tlsgate_offload,
+            proxy_to: None,
         }
     }
 
@@ -202,6 +211,7 @@ pub fn run(scenarios: &[Scenario], opts: &BenchOptions) -> Result<Results, Bench
                 crate::crosscheck::run(&materials, opts, &mut results)?
             }
             Scenario::H2 => crate::h2::run(&materials, opts, &mut results)?,
+            Scenario::Proxy => crate::proxy::run(&materials, opts, &mut results)?,
         }
         results.summarize();
     }

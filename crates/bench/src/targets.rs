@@ -73,6 +73,9 @@ pub struct TargetSettings {
     pub tlsgate_server_extra: String,
     /// tlsgate's kernel-TLS policy.
     pub tlsgate_offload: tlsgate_config::OffloadPolicy,
+    /// Proxy every request to this plain-HTTP/1.1 server (keep-alive)
+    /// instead of serving the document root (the `proxy` scenario).
+    pub proxy_to: Option<SocketAddr>,
 }
 
 /// A running target.
@@ -115,7 +118,10 @@ impl Target {
             TargetKind::Nginx => {
                 let program = find("nginx", &["/usr/sbin/nginx"])?;
                 let conf = dir.join("nginx.conf");
-                write(&conf, &nginx_config(materials, addr, &dir))?;
+                write(
+                    &conf,
+                    &nginx_config(materials, addr, &dir, settings.proxy_to),
+                )?;
                 let version = program_version(&program, &["-v"]);
                 (
                     program,
@@ -131,7 +137,11 @@ impl Target {
             TargetKind::Haproxy => {
                 let program = find("haproxy", &["/usr/sbin/haproxy"])?;
                 let conf = dir.join("haproxy.cfg");
-                write(&conf, &haproxy_config(materials, addr, settings.max_file)?)?;
+                let text = match settings.proxy_to {
+                    Some(upstream) => haproxy_proxy_config(materials, addr, upstream),
+                    None => haproxy_config(materials, addr, settings.max_file)?,
+                };
+                write(&conf, &text)?;
                 let version = program_version(&program, &["-v"]);
                 (
                     program,
@@ -243,23 +253,28 @@ impl Target {
 
 impl Drop for Target {
     fn drop(&mut self) {
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let limit = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < limit {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        stop(&mut self.child);
     }
 }
 
+/// SIGTERM, up to 5 s to exit, then SIGKILL.
+pub(crate) fn stop(child: &mut Child) {
+    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+    }
+    let limit = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < limit {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// The descriptor limit every target may use (a container may forbid raising it).
-fn fd_limit() -> u64 {
+pub(crate) fn fd_limit() -> u64 {
     rustix::process::getrlimit(rustix::process::Resource::Nofile)
         .maximum
         .unwrap_or(1 << 20)
@@ -273,18 +288,18 @@ pub fn connection_ceiling() -> usize {
     (fd_limit().saturating_sub(100) / 2).saturating_sub(100) as usize
 }
 
-fn free_port() -> Result<u16, BenchError> {
+pub(crate) fn free_port() -> Result<u16, BenchError> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(BenchError::io("127.0.0.1:0"))?;
     Ok(l.local_addr()
         .map_err(BenchError::io("127.0.0.1:0"))?
         .port())
 }
 
-fn write(path: &Path, text: &str) -> Result<(), BenchError> {
+pub(crate) fn write(path: &Path, text: &str) -> Result<(), BenchError> {
     fs::write(path, text).map_err(BenchError::io(path))
 }
 
-fn find(program: &str, fallbacks: &[&str]) -> Result<String, BenchError> {
+pub(crate) fn find(program: &str, fallbacks: &[&str]) -> Result<String, BenchError> {
     let on_path = std::env::var_os("PATH")
         .map(|p| {
             std::env::split_paths(&p)
@@ -303,7 +318,7 @@ fn find(program: &str, fallbacks: &[&str]) -> Result<String, BenchError> {
         })
 }
 
-fn program_version(program: &str, args: &[&str]) -> String {
+pub(crate) fn program_version(program: &str, args: &[&str]) -> String {
     Command::new(program)
         .args(args)
         .output()
@@ -391,7 +406,8 @@ key = "{rsa_key}"
 names = ["{mtls_name}"]
 client_auth = "required"
 client_ca = "{client_ca}"
-"#,
+{proxy}"#,
+        proxy = s.proxy_to.map(tlsgate_proxy_section).unwrap_or_default(),
         extra = s.tlsgate_server_extra,
         offload = s.tlsgate_offload.as_str(),
         session_cache = TLSGATE_SESSION_CACHE,
@@ -405,8 +421,105 @@ client_ca = "{client_ca}"
     )
 }
 
-/// nginx: one worker, both certificates, shared session cache and tickets.
-pub fn nginx_config(m: &Materials, addr: SocketAddr, dir: &Path) -> String {
+/// tlsgate as a proxy: every path of the listener above routed to one
+/// keep-alive pool (per-source handshake limits are already off).
+fn tlsgate_proxy_section(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+[[listener.route]]
+path = "/"
+upstream = "bench"
+
+[[upstream]]
+name = "bench"
+max_idle = {UPSTREAM_KEEPALIVE}
+# No passive marks: a bench error must show as an error, not as a 503.
+max_fails = 0
+
+[[upstream.server]]
+address = "{upstream}"
+"#
+    )
+}
+
+/// Idle keep-alive connections each proxy keeps to the upstream (nginx
+/// `keepalive`, tlsgate `max_idle`; HAProxy keeps what it needs).
+pub const UPSTREAM_KEEPALIVE: usize = 128;
+
+/// nginx: one worker, both certificates, shared session cache and tickets;
+/// serving the root, or proxying to `proxy_to` over keep-alive HTTP/1.1
+/// with the usual forwarding headers and buffers that hold a 64 KiB
+/// response in memory (nginx's defaults, 8 × 4 KiB, would spill to a
+/// temporary file).
+pub fn nginx_config(
+    m: &Materials,
+    addr: SocketAddr,
+    dir: &Path,
+    proxy_to: Option<SocketAddr>,
+) -> String {
+    let (upstream, content) = match proxy_to {
+        None => (String::new(), format!("root {};", m.root.display())),
+        Some(u) => (
+            format!(
+                r#"upstream bench_upstream {{
+        server {u};
+        keepalive {UPSTREAM_KEEPALIVE};
+        keepalive_requests 100000000;
+        keepalive_timeout 75s;
+    }}"#
+            ),
+            r#"location / {
+            proxy_pass http://bench_upstream;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Real-IP $remote_addr;
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_buffer_size 16k;
+            proxy_buffers 8 16k;
+        }"#
+            .to_string(),
+        ),
+    };
+    format!(
+        r#"{head}    {upstream}
+    server {{
+        # HTTP/2 for the h2 scenario (nginx 1.22 syntax; `http2 on` from 1.25).
+        listen {addr} ssl http2;
+        server_name {name};
+        {content}
+        ssl_certificate {ecdsa_cert};
+        ssl_certificate_key {ecdsa_key};
+        ssl_certificate {rsa_cert};
+        ssl_certificate_key {rsa_key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_ciphers {tls12};
+        ssl_conf_command Ciphersuites {tls13};
+        ssl_prefer_server_ciphers on;
+        ssl_ecdh_curve {groups};
+        ssl_session_cache shared:SSL:64m;
+        ssl_session_timeout 1h;
+        ssl_session_tickets on;
+    }}
+}}
+"#,
+        head = nginx_head(dir),
+        name = crate::materials::SERVER_NAME,
+        ecdsa_cert = m.ecdsa.cert.display(),
+        ecdsa_key = m.ecdsa.key.display(),
+        rsa_cert = m.rsa.cert.display(),
+        rsa_key = m.rsa.key.display(),
+        tls12 = TLS12_SUITES,
+        tls13 = TLS13_SUITES,
+        groups = GROUPS,
+    )
+}
+
+/// What every nginx the bench starts has: one worker, descriptors and
+/// connections as many as the machine allows, files under `dir`, no access
+/// log, `sendfile`, keep-alive without limit; ends inside `http {`.
+pub(crate) fn nginx_head(dir: &Path) -> String {
     format!(
         r#"# Written by tlsgate bench.
 daemon off;
@@ -431,38 +544,10 @@ http {{
     tcp_nopush on;
     keepalive_requests 100000000;
     keepalive_timeout 75s;
-    server {{
-        # HTTP/2 for the h2 scenario (nginx 1.22 syntax; `http2 on` from 1.25).
-        listen {addr} ssl http2;
-        server_name {name};
-        root {root};
-        ssl_certificate {ecdsa_cert};
-        ssl_certificate_key {ecdsa_key};
-        ssl_certificate {rsa_cert};
-        ssl_certificate_key {rsa_key};
-        ssl_protocols TLSv1.2 TLSv1.3;
-        ssl_ciphers {tls12};
-        ssl_conf_command Ciphersuites {tls13};
-        ssl_prefer_server_ciphers on;
-        ssl_ecdh_curve {groups};
-        ssl_session_cache shared:SSL:64m;
-        ssl_session_timeout 1h;
-        ssl_session_tickets on;
-    }}
-}}
 "#,
         dir = dir.display(),
         fds = fd_limit(),
         conns = fd_limit().saturating_sub(100),
-        name = crate::materials::SERVER_NAME,
-        root = m.root.display(),
-        ecdsa_cert = m.ecdsa.cert.display(),
-        ecdsa_key = m.ecdsa.key.display(),
-        rsa_cert = m.rsa.cert.display(),
-        rsa_key = m.rsa.key.display(),
-        tls12 = TLS12_SUITES,
-        tls13 = TLS13_SUITES,
-        groups = GROUPS,
     )
 }
 
@@ -502,13 +587,27 @@ pub fn haproxy_config(
     // Room for the file plus headers and HAProxy's rewrite reserve.
     let bufsize = (largest + 64 * 1024).max(16 * 1024);
     Ok(format!(
+        r#"{head}
+frontend bench
+    bind {addr} ssl crt {ecdsa} crt {rsa} alpn h2,http/1.1
+{returns}    http-request return status 404
+"#,
+        head = haproxy_head(&format!("    tune.bufsize {bufsize}\n")),
+        ecdsa = m.ecdsa.combined.display(),
+        rsa = m.rsa.combined.display(),
+    ))
+}
+
+/// HAProxy's global and defaults sections: one thread, the TLS settings
+/// every target has, HTTP keep-alive; `extra` goes into `global`.
+fn haproxy_head(extra: &str) -> String {
+    format!(
         r#"# Written by tlsgate bench.
 global
     nbthread 1
     ulimit-n {fds}
     maxconn {conns}
-    tune.bufsize {bufsize}
-    tune.ssl.cachesize 100000
+{extra}    tune.ssl.cachesize 100000
     tune.ssl.lifetime 3600
     ssl-default-bind-ciphers {tls12}
     ssl-default-bind-ciphersuites {tls13}
@@ -523,10 +622,6 @@ defaults
     timeout server 75s
     timeout http-keep-alive 75s
     option http-keep-alive
-
-frontend bench
-    bind {addr} ssl crt {ecdsa} crt {rsa} alpn h2,http/1.1
-{returns}    http-request return status 404
 "#,
         fds = fd_limit(),
         // HAProxy reserves two descriptors per connection.
@@ -534,7 +629,28 @@ frontend bench
         tls12 = TLS12_SUITES,
         tls13 = TLS13_SUITES,
         groups = GROUPS,
+    )
+}
+
+/// HAProxy as a proxy: one thread, both certificates, every request to one
+/// server over keep-alive HTTP/1.1 (`http-reuse always`: idle server
+/// connections are shared by all client connections, as nginx's and
+/// tlsgate's pools are), the usual forwarding headers, default buffers.
+pub fn haproxy_proxy_config(m: &Materials, addr: SocketAddr, upstream: SocketAddr) -> String {
+    format!(
+        r#"{head}
+frontend bench
+    bind {addr} ssl crt {ecdsa} crt {rsa} alpn http/1.1
+    option forwardfor
+    http-request set-header X-Forwarded-Proto https
+    default_backend upstream
+
+backend upstream
+    http-reuse always
+    server u1 {upstream}
+"#,
+        head = haproxy_head(""),
         ecdsa = m.ecdsa.combined.display(),
         rsa = m.rsa.combined.display(),
-    ))
+    )
 }

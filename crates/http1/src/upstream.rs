@@ -110,9 +110,10 @@ impl ResponseHead {
 
     /// The first header named `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
+        self.fields
+            .iter()
+            .find(|(n, _)| n.slice(&self.raw).eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v.slice(&self.raw))
     }
 }
 
@@ -138,7 +139,7 @@ pub fn parse_response(
     let mut lines = LineIter { head, pos: 0 };
     let status_line = lines.next().ok_or(ResponseError::InvalidStatusLine)?;
     let (version, status) = parse_status_line(status_line.slice(head))?;
-    let mut fields = Vec::new();
+    let mut fields = Vec::with_capacity(16);
     for line in lines {
         if line.start == line.end {
             break;
@@ -164,25 +165,27 @@ pub fn parse_response(
 }
 
 /// The offset just past CRLFCRLF, checking that every LF has its CR and no
-/// CR stands alone.
+/// CR stands alone. Jumps from one CR or LF to the next (memchr): the
+/// bytes between them need no look here.
 fn find_head_end(window: &[u8]) -> Result<Option<usize>, ResponseError> {
     let mut line_start = 0;
-    for (i, &b) in window.iter().enumerate() {
-        match b {
-            b'\n' => {
-                if i == 0 || window.get(i - 1) != Some(&b'\r') {
-                    return Err(ResponseError::BareLineEnding);
-                }
-                if i + 1 - line_start == 2 && line_start > 0 {
-                    return Ok(Some(i + 1));
-                }
-                line_start = i + 1;
-            }
-            b'\r' if window.get(i + 1).is_some_and(|&n| n != b'\n') => {
-                return Err(ResponseError::BareLineEnding);
-            }
-            _ => {}
+    let mut at = 0;
+    while let Some(off) = memchr::memchr2(b'\r', b'\n', window.get(at..).unwrap_or_default()) {
+        let i = at + off;
+        // An LF not consumed as the second byte of a CRLF below is bare.
+        if window.get(i) == Some(&b'\n') {
+            return Err(ResponseError::BareLineEnding);
         }
+        match window.get(i + 1) {
+            None => return Ok(None),
+            Some(b'\n') => {}
+            Some(_) => return Err(ResponseError::BareLineEnding),
+        }
+        if i == line_start && line_start > 0 {
+            return Ok(Some(i + 2));
+        }
+        line_start = i + 2;
+        at = i + 2;
     }
     Ok(None)
 }
@@ -197,7 +200,7 @@ impl Iterator for LineIter<'_> {
     type Item = Span;
     fn next(&mut self) -> Option<Span> {
         let rest = self.head.get(self.pos..)?;
-        let lf = rest.iter().position(|&b| b == b'\n')?;
+        let lf = memchr::memchr(b'\n', rest)?;
         // find_head_end proved every LF follows a CR.
         let span = Span::new(self.pos, self.pos + lf.saturating_sub(1));
         self.pos += lf + 1;
@@ -235,16 +238,17 @@ fn parse_field(head: &[u8], line: Span) -> Result<(Span, Span), ResponseError> {
     if text.first().is_some_and(|&b| syntax::is_ows(b)) {
         return Err(ResponseError::ObsoleteLineFolding);
     }
-    let colon = text
-        .iter()
-        .position(|&b| b == b':')
-        .ok_or(ResponseError::InvalidHeaderName)?;
+    let colon = memchr::memchr(b':', text).ok_or(ResponseError::InvalidHeaderName)?;
     let name = text.get(..colon).unwrap_or_default();
     if !syntax::is_token(name) {
         return Err(ResponseError::InvalidHeaderName);
     }
     let raw_value = text.get(colon + 1..).unwrap_or_default();
-    if !raw_value.iter().all(|&b| syntax::is_field_value_byte(b)) {
+    // Without a short cut, so that the loop vectorises.
+    if raw_value
+        .iter()
+        .fold(false, |bad, &b| bad | !syntax::is_field_value_byte(b))
+    {
         return Err(ResponseError::InvalidHeaderValue);
     }
     let value = syntax::trim_ows(raw_value);
@@ -449,6 +453,52 @@ mod tests {
             ("HTTP/1.1 200\tOK\r\n\r\n", InvalidStatusLine),
         ] {
             assert_eq!(parse(text.as_bytes()).unwrap_err(), want, "{text:?}");
+        }
+    }
+
+    /// The byte-at-a-time scanner `find_head_end` replaced: the reference.
+    fn find_head_end_bytewise(window: &[u8]) -> Result<Option<usize>, ResponseError> {
+        let mut line_start = 0;
+        for (i, &b) in window.iter().enumerate() {
+            match b {
+                b'\n' => {
+                    if i == 0 || window.get(i - 1) != Some(&b'\r') {
+                        return Err(ResponseError::BareLineEnding);
+                    }
+                    if i + 1 - line_start == 2 && line_start > 0 {
+                        return Ok(Some(i + 1));
+                    }
+                    line_start = i + 1;
+                }
+                b'\r' if window.get(i + 1).is_some_and(|&n| n != b'\n') => {
+                    return Err(ResponseError::BareLineEnding);
+                }
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
+    #[test]
+    fn the_head_end_is_found_as_the_bytewise_scan_finds_it() {
+        let seeds: [&[u8]; 4] = [
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX: y\r\n\r\nhello",
+            b"HTTP/1.1 200 OK\r\n\r\n",
+            b"\r\n\r\nHTTP/1.1 200 OK\r\nA: b\r\n\r",
+            b"HTTP/1.1 200 OK\r\r\n\n\r\n\r\n",
+        ];
+        let mut rng = XorShift(0x0eed_5678);
+        for i in 0..50_000 {
+            let seed = seeds[i % seeds.len()];
+            let input = if i < seeds.len() {
+                seed.to_vec()
+            } else {
+                mutate(&mut rng, seed)
+            };
+            for end in [input.len(), input.len() / 2, 1, 0] {
+                let w = &input[..end.min(input.len())];
+                assert_eq!(find_head_end(w), find_head_end_bytewise(w), "{w:?}");
+            }
         }
     }
 

@@ -17,7 +17,9 @@ pub use proxy::{PoolLabel, ProxyErrorLabels, ProxyMetrics, ServerErrorLabels, Se
 
 /// The metric types, for code that keeps clones of single metrics.
 pub mod types {
-    pub use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
+    pub use prometheus_client::metrics::{
+        counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,
+    };
 }
 
 /// Labels of a completed handshake.

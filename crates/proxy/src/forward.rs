@@ -5,7 +5,7 @@
 //! streamed back. Nothing is buffered whole; the slower side sets the pace.
 
 use std::future::Future;
-use std::io;
+use std::io::{self, Write as _};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,8 @@ use crate::pool::{Lease, Pool};
 const CHUNK: usize = 64 * 1024;
 /// Largest request body kept for a retry (sent again to another server).
 const REPLAY_MAX: usize = 64 * 1024;
+/// Room made for each read of a response head.
+const READ_RESERVE: usize = 16 * 1024;
 /// Interim (1xx) responses skipped before the final one.
 const MAX_INTERIM: usize = 8;
 /// Limits on an upstream's response head.
@@ -202,24 +204,39 @@ fn upstream_head(r: &Request<'_>) -> Vec<u8> {
         }
     }
     let ip = r.peer.ip();
-    let ip_text = ip.to_string();
-    write_header(&mut out, "X-Forwarded-For", ip_text.as_bytes());
-    write_header(&mut out, "X-Real-IP", ip_text.as_bytes());
+    // The address as text, formatted once into a stack buffer.
+    let mut ip_buf = [0u8; 48];
+    let ip_text = {
+        let mut w = std::io::Cursor::new(&mut ip_buf[..]);
+        // 48 bytes hold any IPv4 or IPv6 address.
+        let _ = write!(w, "{ip}");
+        let n = usize::try_from(w.position()).unwrap_or(0);
+        ip_buf.get(..n).unwrap_or_default()
+    };
+    write_header(&mut out, "X-Forwarded-For", ip_text);
+    write_header(&mut out, "X-Real-IP", ip_text);
     write_header(&mut out, "X-Forwarded-Proto", b"https");
     if !host.is_empty() {
         write_header(&mut out, "X-Forwarded-Host", host);
     }
-    let node = match ip {
-        std::net::IpAddr::V4(_) => ip_text,
-        std::net::IpAddr::V6(_) => format!("\"[{ip_text}]\""),
-    };
-    let mut fwd = format!("for={node};proto=https");
-    if !host.is_empty() {
-        fwd.push_str(";host=\"");
-        fwd.push_str(&String::from_utf8_lossy(host));
-        fwd.push('"');
+    let mut fwd = Vec::with_capacity(64 + host.len());
+    fwd.extend_from_slice(b"for=");
+    match ip {
+        std::net::IpAddr::V4(_) => fwd.extend_from_slice(ip_text),
+        std::net::IpAddr::V6(_) => {
+            fwd.extend_from_slice(b"\"[");
+            fwd.extend_from_slice(ip_text);
+            fwd.extend_from_slice(b"]\"");
+        }
     }
-    write_header(&mut out, "Forwarded", fwd.as_bytes());
+    fwd.extend_from_slice(b";proto=https");
+    if !host.is_empty() {
+        fwd.extend_from_slice(b";host=\"");
+        // Borrowed, not copied, when it is UTF-8 (as it always is in practice).
+        fwd.extend_from_slice(String::from_utf8_lossy(host).as_bytes());
+        fwd.push(b'"');
+    }
+    write_header(&mut out, "Forwarded", &fwd);
     let via: &[u8] = match head.version() {
         Version::Http10 => b"1.0 tlsgate",
         Version::Http11 => b"1.1 tlsgate",
@@ -624,7 +641,9 @@ async fn read_response(
     pool: &Pool,
     deadline: Option<Instant>,
 ) -> Result<(ResponseHead, Vec<u8>), Failure> {
-    let mut ubuf: Vec<u8> = Vec::with_capacity(8 * 1024);
+    // As large as the first read reserves below: no reallocation (and copy)
+    // per response.
+    let mut ubuf: Vec<u8> = Vec::with_capacity(READ_RESERVE);
     let mut interim = 0;
     let fut = async {
         loop {
@@ -651,7 +670,7 @@ async fn read_response(
             }
             let at = ubuf.len();
             // Into spare capacity: no zeroing of a fresh buffer per response.
-            ubuf.reserve(16 * 1024);
+            ubuf.reserve(READ_RESERVE);
             let n = conn
                 .stream
                 .read_buf(&mut ubuf)
@@ -971,5 +990,49 @@ async fn tunnel<D: Downstream>(
         if !ok {
             return done(down);
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn head_for(peer: &str, host: &str) -> String {
+        let raw = format!("GET /a?b HTTP/1.1\r\nHost: {host}\r\nX-Forwarded-For: 6.6.6.6\r\nConnection: x-drop\r\nX-Drop: 1\r\nX-Kept: yes\r\n\r\n");
+        let head = tlsgate_http1::parse_request(raw.as_bytes(), &Default::default())
+            .unwrap()
+            .unwrap();
+        let r = Request {
+            head: &head,
+            peer: peer.parse().unwrap(),
+            client_cert: None,
+            max_body: 0,
+            body_timeout: Duration::from_secs(1),
+            send_timeout: Duration::from_secs(1),
+            keep_alive: true,
+        };
+        String::from_utf8(upstream_head(&r)).unwrap()
+    }
+
+    #[test]
+    fn forwarding_fields_name_the_client_in_ipv4_and_ipv6_form() {
+        assert_eq!(
+            head_for("192.0.2.7:5555", "app.test"),
+            "GET /a?b HTTP/1.1\r\nHost: app.test\r\nX-Kept: yes\r\nX-Forwarded-For: 192.0.2.7\r\nX-Real-IP: 192.0.2.7\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: app.test\r\nForwarded: for=192.0.2.7;proto=https;host=\"app.test\"\r\nVia: 1.1 tlsgate\r\n\r\n"
+        );
+        let v6 = head_for("[2001:db8::7]:5555", "app.test");
+        assert!(v6.contains("\r\nX-Forwarded-For: 2001:db8::7\r\n"), "{v6}");
+        assert!(v6.contains("\r\nX-Real-IP: 2001:db8::7\r\n"), "{v6}");
+        assert!(
+            v6.contains("\r\nForwarded: for=\"[2001:db8::7]\";proto=https;host=\"app.test\"\r\n"),
+            "{v6}"
+        );
+        // The longest address text (39 bytes) fits the stack buffer.
+        let long = head_for("[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:1", "a");
+        assert!(
+            long.contains("\r\nX-Real-IP: ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff\r\n"),
+            "{long}"
+        );
     }
 }

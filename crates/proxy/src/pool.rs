@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tlsgate_config::{ConfigError, HashKey, Upstream};
-use tlsgate_metrics::types::Gauge;
+use tlsgate_metrics::types::{Counter, Gauge, Histogram};
 use tlsgate_metrics::{PoolLabel, ProxyMetrics, ServerErrorLabels, ServerLabels};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -44,6 +44,10 @@ pub(crate) struct Server {
     open: Gauge,
     idle_gauge: Gauge,
     healthy_gauge: Gauge,
+    /// This server's series of the per-request metrics, looked up once
+    /// (not per request: a lock and a hash of two strings each).
+    requests: Counter,
+    response_seconds: Histogram,
 }
 
 /// A pool of servers built from one `[[upstream]]` of one generation.
@@ -110,6 +114,8 @@ impl Pool {
                     open: metrics.connections_open.get_or_create(&labels).clone(),
                     idle_gauge: metrics.connections_idle.get_or_create(&labels).clone(),
                     healthy_gauge,
+                    requests: metrics.requests.get_or_create(&labels).clone(),
+                    response_seconds: metrics.response_seconds.get_or_create(&labels).clone(),
                     labels,
                 }
             })
@@ -258,13 +264,15 @@ impl Pool {
             return;
         };
         let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
-        // Expired ones first, so the list does not fill with dead ones.
+        // Expired ones first, so the list does not fill with dead ones
+        // (one clock read for all of them).
+        let now = Instant::now();
         let before = list.len();
-        list.retain(|c| c.idle_since.elapsed() < self.cfg.idle_timeout);
+        list.retain(|c| now.saturating_duration_since(c.idle_since) < self.cfg.idle_timeout);
         let expired = before - list.len();
         s.idle_gauge.dec_by(expired as i64);
         if list.len() < self.cfg.max_idle {
-            conn.idle_since = Instant::now();
+            conn.idle_since = now;
             list.push(conn);
             s.idle_gauge.inc();
         }
@@ -315,15 +323,12 @@ impl Pool {
         s.fails.store(0, Ordering::Relaxed);
         // Back from a passive mark: the gauge says so again.
         self.update_health_gauge(i);
-        self.metrics
-            .response_seconds
-            .get_or_create(&s.labels)
-            .observe(latency.as_secs_f64());
+        s.response_seconds.observe(latency.as_secs_f64());
     }
 
     pub(crate) fn count_request(&self, i: usize) {
         if let Some(s) = self.servers.get(i) {
-            self.metrics.requests.get_or_create(&s.labels).inc();
+            s.requests.inc();
         }
     }
 

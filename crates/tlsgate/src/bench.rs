@@ -9,7 +9,7 @@ use tlsgate_bench::{plot, scenario, BenchOptions, Placement, Scenario, TargetKin
 /// Arguments of `tlsgate bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// handshake, transfer, stream, bound, crosscheck, h2 or all; or synflood
+    /// handshake, transfer, stream, bound, crosscheck, h2, proxy or all; or synflood
     /// (legitimate handshakes under a spoofed SYN flood, kernel alone and
     /// with XDP SynGate; needs root, not part of all).
     scenario: String,
@@ -66,7 +66,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
     }
     let Some(scenarios) = Scenario::parse(&args.scenario) else {
         eprintln!(
-            "tlsgate: error: unknown scenario {:?}: expected handshake, transfer, stream, bound, crosscheck, h2 or all",
+            "tlsgate: error: unknown scenario {:?}: expected handshake, transfer, stream, bound, crosscheck, h2, proxy or all",
             args.scenario
         );
         return ExitCode::from(2);

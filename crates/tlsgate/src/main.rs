@@ -43,7 +43,7 @@ enum Command {
         file: PathBuf,
     },
     /// Measure TLS side by side with nginx and HAProxy: handshake, transfer,
-    /// stream, bound or all (see docs/bench.md).
+    /// stream, bound, crosscheck, h2, proxy or all (see docs/bench.md).
     Bench(bench::BenchArgs),
     /// The cost of TLS on this machine: calibrate, predict, validate.
     #[command(subcommand)]

@@ -102,6 +102,7 @@ fn quick_bench_measures_every_scenario_on_every_target() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "bench failed\n{stdout}\n{stderr}");
     let results = json(&out.path().join("results.json"));
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     let summaries = results["summaries"].as_array().unwrap();
     for scenario in ["handshake", "transfer", "stream"] {
         for target in ["tlsgate", "nginx", "haproxy"] {
@@ -181,6 +182,53 @@ fn quick_bench_measures_every_scenario_on_every_target() {
             assert!(v > 0.0 && v.is_finite(), "{key}: {r}");
         }
     }
+    // The proxy scenario: every target proxying to the same upstream, three
+    // cases each, every figure there, finite and non-zero; the upstream's
+    // CPU is measured apart from the proxy's.
+    for target in ["tlsgate", "nginx", "haproxy"] {
+        let rows: Vec<_> = summaries
+            .iter()
+            .filter(|s| s["scenario"] == "proxy" && s["target"] == target)
+            .collect();
+        let cases: Vec<_> = rows.iter().map(|s| s["case"].as_str().unwrap()).collect();
+        assert_eq!(
+            cases,
+            [
+                "1 KiB keep-alive",
+                "64 KiB keep-alive",
+                "1 KiB, new TLS 1.3 connection per request"
+            ],
+            "proxy on {target}"
+        );
+        for s in rows {
+            for key in [
+                "ops_per_sec",
+                "bytes_per_sec",
+                "cpu_us_per_op",
+                "p50_us",
+                "p99_us",
+                "server_utilization",
+                "beside_cpu_us_per_op",
+            ] {
+                let v = s[key].as_f64().unwrap();
+                assert!(v > 0.0 && v.is_finite(), "proxy on {target}: {key}: {s}");
+            }
+            if pinned {
+                let b = s["client_core_busy"].as_f64().unwrap();
+                assert!(b > 0.0 && b <= 1.0, "proxy on {target}: {s}");
+            }
+            assert!(s["error_rate"].as_f64().unwrap() <= 0.01, "{s}");
+        }
+    }
+    assert!(
+        results["versions"]["upstream"]
+            .as_str()
+            .unwrap()
+            .contains("nginx"),
+        "{}",
+        results["versions"]
+    );
+    assert!(report.contains("## Proxy: TLS 1.3 in"), "{report}");
     // The floor was measured and every handshake kind has one.
     let bounds = &results["bounds"]["ops_ns"];
     for op in [
@@ -191,7 +239,6 @@ fn quick_bench_measures_every_scenario_on_every_target() {
     ] {
         assert!(bounds[op].as_f64().unwrap() > 0.0, "bound {op}");
     }
-    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     assert!(report.contains("| TLS1.3 ECDSA full |"), "{report}");
     assert!(report.contains("## HTTP/2 (h2load)"), "{report}");
     for plot in [

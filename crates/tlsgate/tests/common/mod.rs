@@ -153,7 +153,21 @@ impl Server {
     }
 
     pub fn spawn(args: &[&str]) -> Server {
-        let mut child = Command::new(bin())
+        Server::spawn_under(&[], args)
+    }
+
+    /// Like `spawn`, with tlsgate run by `wrapper` (a program and its
+    /// arguments that execs the rest, e.g. `setpriv ...`).
+    pub fn spawn_under(wrapper: &[&str], args: &[&str]) -> Server {
+        let mut command = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        let mut child = command
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
