@@ -7,7 +7,14 @@
 //! the answer with its id. When the key server dies, its connection reads
 //! EOF, every waiting request fails at once, and new ones fail without
 //! waiting until the supervisor's next key server is connected and loaded.
+//!
+//! Signatures take a shorter way: each thread that signs opens its own
+//! lane to the key server (a socket pair, one end sent over the shared
+//! connection), then writes its request and reads the answer itself. That
+//! saves the reader thread's wake-up and the hand-over per signature; a
+//! thread whose lane cannot be had signs over the shared connection.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{self, Write};
@@ -16,7 +23,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use rustls::sign::CertifiedKey;
@@ -185,6 +192,85 @@ impl Connection {
         self.alive.store(false, Ordering::SeqCst);
         let _ = lock(&self.writer).shutdown(std::net::Shutdown::Both);
     }
+
+    /// Opens a lane: a socket pair whose other end goes to the key server
+    /// with a `lane` request. Only once the reader thread runs (at start-up
+    /// the process must stay single-threaded, and the key server is
+    /// then asked only to load).
+    fn open_lane(self: &Arc<Self>, timeout: Duration) -> io::Result<Lane> {
+        if lock(&self.direct).is_some() || !self.alive.load(Ordering::SeqCst) {
+            return Err(io::ErrorKind::NotConnected.into());
+        }
+        let (ours, theirs) = tlsgate_sys::ipc::socket_pair()?;
+        ours.set_read_timeout(Some(timeout))?;
+        ours.set_write_timeout(Some(timeout))?;
+        let mut frame = Vec::with_capacity(16);
+        proto::encode_request(&mut frame, 0, &Request::Lane);
+        {
+            let writer = lock(&self.writer);
+            tlsgate_sys::ipc::send_with_fd(&writer, &frame, &theirs)?;
+        }
+        Ok(Lane {
+            conn: Arc::downgrade(self),
+            sock: ours,
+            frames: Deframer::new(proto::MAX_RESPONSE),
+            out: Vec::with_capacity(1024),
+        })
+    }
+}
+
+/// A thread's own socket to the key server (see the module's text).
+struct Lane {
+    /// The connection it was opened over: a lane of an older key server
+    /// is not used after a restart.
+    conn: Weak<Connection>,
+    sock: UnixStream,
+    frames: Deframer,
+    out: Vec<u8>,
+}
+
+impl Lane {
+    /// Sends `req` and reads its answer, bounded by the socket timeouts.
+    /// Any failure leaves the lane unusable (an answer may still come).
+    fn call(&mut self, id: u64, req: &Request) -> Result<Response, KeyUnavailable> {
+        self.out.clear();
+        proto::encode_request(&mut self.out, id, req);
+        self.sock
+            .write_all(&self.out)
+            .map_err(|_| KeyUnavailable::Down)?;
+        loop {
+            let frame = self
+                .frames
+                .next_frame()
+                .map_err(|_| KeyUnavailable::Refused)?;
+            if let Some(f) = frame {
+                // One request at a time on a lane: the next frame is its
+                // answer (one to an earlier request that timed out cannot
+                // come, a timeout drops the lane).
+                return match proto::decode_response(f) {
+                    Ok((got, resp)) if got == id => Ok(resp),
+                    _ => Err(KeyUnavailable::Refused),
+                };
+            }
+            read_more(&mut self.frames, &mut self.sock)?;
+        }
+    }
+}
+
+/// A thread's lane, if it has one.
+enum LaneState {
+    /// None yet (or the last one failed): the next signature opens one.
+    Closed,
+    Open(Lane),
+    /// The key server of this connection closed a fresh lane (it serves
+    /// [`crate::server::MAX_LANES`] already): this thread uses the shared
+    /// connection until a restart.
+    Refused(Weak<Connection>),
+}
+
+thread_local! {
+    /// This thread's lane, opened at its first signature.
+    static LANE: RefCell<LaneState> = const { RefCell::new(LaneState::Closed) };
 }
 
 /// Reads answers on the calling thread until the one for `id`.
@@ -208,19 +294,24 @@ fn read_direct(
             return Err(KeyUnavailable::Timeout);
         }
         let _ = sock.set_read_timeout(Some(left));
-        match frames.read_from(sock) {
-            Ok(0) => return Err(KeyUnavailable::Down),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(KeyUnavailable::Timeout)
-            }
-            Err(_) => return Err(KeyUnavailable::Down),
+        read_more(frames, sock)?;
+    }
+}
+
+/// Reads what has come of an answer; EOF and errors say why it cannot.
+fn read_more(frames: &mut Deframer, sock: &mut UnixStream) -> Result<(), KeyUnavailable> {
+    match frames.read_from(sock) {
+        Ok(0) => Err(KeyUnavailable::Down),
+        Ok(_) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(KeyUnavailable::Timeout)
         }
+        Err(_) => Err(KeyUnavailable::Down),
     }
 }
 
@@ -455,6 +546,51 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Asks on this thread's lane to `conn`, opening it first if needed;
+    /// `None` when no lane can be had (then the shared connection serves).
+    fn on_lane(
+        &self,
+        conn: &Arc<Connection>,
+        req: &Request,
+    ) -> Option<Result<Response, KeyUnavailable>> {
+        let same = |w: &Weak<Connection>| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn));
+        LANE.try_with(|cell| {
+            let mut slot = cell.try_borrow_mut().ok()?;
+            let fresh = match &*slot {
+                LaneState::Open(l) if same(&l.conn) => false,
+                LaneState::Refused(w) if same(w) => return None,
+                // None yet, or a lane to an older key server (closed with it).
+                _ => {
+                    *slot = LaneState::Open(conn.open_lane(self.timeout).ok()?);
+                    true
+                }
+            };
+            let LaneState::Open(lane) = &mut *slot else {
+                return None;
+            };
+            let r = lane.call(self.id(), req);
+            match r {
+                Ok(resp) => Some(Ok(resp)),
+                // Closed at once: refused by the key server. The shared
+                // connection serves this signature and the next ones.
+                Err(KeyUnavailable::Down) if fresh => {
+                    *slot = LaneState::Refused(Arc::downgrade(conn));
+                    None
+                }
+                // Out of step (a late answer may come) or closed: the next
+                // signature opens another.
+                Err(e) => {
+                    *slot = LaneState::Closed;
+                    Some(Err(e))
+                }
+            }
+        })
+        .ok()
+        .flatten()
+    }
+}
+
 impl KeyBackend for Inner {
     fn sign(
         &self,
@@ -467,12 +603,19 @@ impl KeyBackend for Inner {
                 return Err(KeyUnavailable::Refused);
             }
             let conn = lock(&self.current).clone().ok_or(KeyUnavailable::Down)?;
+            if !conn.alive.load(Ordering::SeqCst) {
+                return Err(KeyUnavailable::Down);
+            }
             let req = Request::Sign {
                 key_id,
                 scheme,
                 message: message.to_vec(),
             };
-            match conn.call(self.id(), &req, self.timeout)? {
+            let answer = match self.on_lane(&conn, &req) {
+                Some(answer) => answer?,
+                None => conn.call(self.id(), &req, self.timeout)?,
+            };
+            match answer {
                 Response::Signature(s) => Ok(s),
                 _ => Err(KeyUnavailable::Refused),
             }

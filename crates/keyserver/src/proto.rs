@@ -8,6 +8,7 @@
 //! requests  (network -> key process, length <= MAX_REQUEST)
 //!   0x01 sign    key:u64 scheme:u16 message:bytes16   (message <= MAX_MESSAGE)
 //!   0x02 load    count:u16 keep:u64*count             (count <= MAX_KEYS)
+//!   0x03 lane    (empty; a socket rides along as SCM_RIGHTS, unanswered)
 //! responses (key process -> network, length <= MAX_RESPONSE)
 //!   0x81 signature  signature:bytes16                 (<= MAX_SIGNATURE)
 //!   0x82 failed     code:u8
@@ -86,6 +87,10 @@ pub enum Request {
         /// Key ids to keep.
         keep: Vec<u64>,
     },
+    /// Serve signatures on the Unix socket sent along with this request:
+    /// a lane of one worker thread, which then writes a request and reads
+    /// its answer itself, with no thread in between. Not answered.
+    Lane,
 }
 
 /// Why the key process did not sign.
@@ -305,6 +310,10 @@ pub fn encode_request(out: &mut Vec<u8>, id: u64, req: &Request) {
             }
             end(out, start);
         }
+        Request::Lane => {
+            let start = begin(out, 0x03, id);
+            end(out, start);
+        }
     }
 }
 
@@ -400,6 +409,7 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), ProtoError> {
             let keep = (0..n).map(|_| r.u64("keep")).collect::<Result<_, _>>()?;
             Request::Load { keep }
         }
+        0x03 => Request::Lane,
         k => return Err(ProtoError::Kind(k)),
     };
     r.finish()?;
@@ -488,51 +498,65 @@ fn cert_entry(r: &mut Reader<'_>) -> Result<CertEntry, ProtoError> {
 /// Splits a byte stream into frame payloads, holding at most one frame.
 #[derive(Debug)]
 pub struct Deframer {
+    /// Initialized bytes; those from `end` on are free space.
     buf: Vec<u8>,
     start: usize,
+    end: usize,
     max: usize,
 }
+
+/// Bytes one read asks for.
+const READ_SIZE: usize = 64 * 1024;
 
 impl Deframer {
     /// Frames of at most `max` payload bytes.
     pub fn new(max: usize) -> Self {
         Self {
-            buf: Vec::with_capacity(64 * 1024),
+            buf: Vec::new(),
             start: 0,
+            end: 0,
             max,
+        }
+    }
+
+    /// Moves unread bytes to the front and makes room for `room` more.
+    /// The buffer is zeroed once when it grows, not at every read (a read
+    /// per signature zeroed 64 KiB on both sides).
+    fn make_room(&mut self, room: usize) {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.buf.len() < self.end + room {
+            self.buf.resize(self.end + room, 0);
         }
     }
 
     /// Reads once from `src` (as much as is there, up to 64 KiB); `Ok(0)` is EOF.
     pub fn read_from(&mut self, src: &mut impl std::io::Read) -> std::io::Result<usize> {
-        // Drop consumed bytes first so the buffer never grows past one frame
+        // Consumed bytes go first, so the buffer never grows past one frame
         // plus one read.
-        if self.start > 0 {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
-        let have = self.buf.len();
-        self.buf.resize(have + 64 * 1024, 0);
-        let n = match src.read(&mut self.buf[have..]) {
-            Ok(n) => n,
-            Err(e) => {
-                self.buf.truncate(have);
-                return Err(e);
-            }
-        };
-        self.buf.truncate(have + n);
+        self.make_room(READ_SIZE);
+        let free = self.buf.get_mut(self.end..).unwrap_or_default();
+        let n = src.read(free)?.min(free.len());
+        self.end += n;
         Ok(n)
     }
 
     /// Adds bytes (for tests and for callers that read themselves).
     pub fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        self.make_room(data.len());
+        if let Some(dst) = self.buf.get_mut(self.end..self.end + data.len()) {
+            dst.copy_from_slice(data);
+            self.end += data.len();
+        }
     }
 
     /// The next complete payload, `Ok(None)` when more bytes are needed, or
     /// an error when the length prefix is out of bounds.
     pub fn next_frame(&mut self) -> Result<Option<&[u8]>, ProtoError> {
-        let rest = self.buf.get(self.start..).unwrap_or_default();
+        let rest = self.buf.get(self.start..self.end).unwrap_or_default();
         let Some(prefix) = rest.get(..4) else {
             return Ok(None);
         };
@@ -551,7 +575,7 @@ impl Deframer {
 
     /// Bytes of an incomplete frame waiting for the rest.
     pub fn pending(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
     }
 }
 
@@ -604,6 +628,7 @@ mod tests {
                 keep: vec![1, 2, u64::MAX],
             },
             Request::Load { keep: vec![] },
+            Request::Lane,
         ]
     }
 

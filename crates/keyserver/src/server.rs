@@ -14,14 +14,23 @@
 //! with the public half of every certificate, and signs on request. Each
 //! wake-up drains every request that has arrived and answers them all in
 //! one write.
+//!
+//! A worker thread of the network-facing process can open a lane: a
+//! socket pair whose one end it sends along with a `lane` request. A lane
+//! is served by a thread of its own here, and the worker writes its
+//! request and reads the answer itself: two wake-ups per signature (this
+//! process, then the worker), where the shared connection needs a third
+//! (its reader thread, which hands the answer over).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use rustls::sign::SigningKey;
@@ -38,6 +47,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// How long an answer may wait for the network-facing process to read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most lanes served at once (one thread each); the network side opens one
+/// per worker thread. A lane over the bound is closed at once, and its
+/// worker signs over the shared connection.
+pub const MAX_LANES: usize = 256;
 
 /// Runs the supervisor until the network-facing process goes away.
 ///
@@ -94,24 +107,42 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
     }
 }
 
-/// The keys the key server holds, by [`KeyInfo::id`].
+/// Loaded keys by [`KeyInfo::id`], shared by the main loop (which
+/// replaces them on `load`) and the lanes (which sign with them).
+type KeyMap = Arc<RwLock<HashMap<u64, Arc<dyn SigningKey>>>>;
+
+/// The keys the key server holds.
 struct Keys {
-    by_id: HashMap<u64, Arc<dyn SigningKey>>,
+    by_id: KeyMap,
     self_signed: SelfSignedCache,
+}
+
+fn sign_with(
+    by_id: &KeyMap,
+    key_id: u64,
+    scheme: rustls::SignatureScheme,
+    message: &[u8],
+) -> Response {
+    let key = by_id
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&key_id)
+        .cloned();
+    let Some(key) = key else {
+        return Response::Failed(Failure::UnknownKey);
+    };
+    let Some(signer) = key.choose_scheme(&[scheme]) else {
+        return Response::Failed(Failure::BadScheme);
+    };
+    match signer.sign(message) {
+        Ok(sig) if sig.len() <= proto::MAX_SIGNATURE => Response::Signature(sig),
+        _ => Response::Failed(Failure::SignFailed),
+    }
 }
 
 impl Keys {
     fn sign(&self, key_id: u64, scheme: rustls::SignatureScheme, message: &[u8]) -> Response {
-        let Some(key) = self.by_id.get(&key_id) else {
-            return Response::Failed(Failure::UnknownKey);
-        };
-        let Some(signer) = key.choose_scheme(&[scheme]) else {
-            return Response::Failed(Failure::BadScheme);
-        };
-        match signer.sign(message) {
-            Ok(sig) if sig.len() <= proto::MAX_SIGNATURE => Response::Signature(sig),
-            _ => Response::Failed(Failure::SignFailed),
-        }
+        sign_with(&self.by_id, key_id, scheme, message)
     }
 
     /// Reads the configuration and every key again. On success the loaded
@@ -161,12 +192,13 @@ impl Keys {
             }
             listeners.push(entries);
         }
+        let mut current = self.by_id.write().unwrap_or_else(PoisonError::into_inner);
         for id in keep {
-            if let Some(old) = self.by_id.get(id) {
+            if let Some(old) = current.get(id) {
                 by_id.entry(*id).or_insert_with(|| old.clone());
             }
         }
-        self.by_id = by_id;
+        *current = by_id;
         Response::Loaded(listeners)
     }
 }
@@ -184,14 +216,21 @@ pub fn serve(
 ) -> io::Result<()> {
     conn.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let mut keys = Keys {
-        by_id: HashMap::new(),
+        by_id: Arc::default(),
         self_signed: SelfSignedCache::default(),
     };
+    let lanes = Arc::new(AtomicUsize::new(0));
     let mut input = Deframer::new(proto::MAX_REQUEST);
     let mut out = Vec::with_capacity(64 * 1024);
+    // Sockets that came with the bytes read, each for a `lane` request.
+    let mut fds: Vec<OwnedFd> = Vec::new();
     loop {
         // One read takes whatever has arrived: several workers' requests.
-        if input.read_from(&mut conn)? == 0 {
+        let mut reader = FdReader {
+            sock: &conn,
+            fds: &mut fds,
+        };
+        if input.read_from(&mut reader)? == 0 {
             return Ok(());
         }
         out.clear();
@@ -214,6 +253,18 @@ pub fn serve(
                     },
                 )) => (id, keys.sign(key_id, scheme, &message)),
                 Ok((id, Request::Load { keep })) => (id, keys.load(load_config(), &keep)),
+                Ok((id, Request::Lane)) => {
+                    // The socket came with this frame's first byte: the
+                    // oldest not yet taken.
+                    let fd = (!fds.is_empty()).then(|| fds.remove(0));
+                    match fd {
+                        Some(fd) if tlsgate_sys::ipc::is_unix_stream(&fd) => {
+                            open_lane(UnixStream::from(fd), &keys.by_id, &lanes);
+                            continue;
+                        }
+                        _ => (id, Response::Failed(Failure::BadRequest)),
+                    }
+                }
                 Err(e) => {
                     tracing::warn!("key server: bad request: {e}");
                     let id = proto::request_id(frame).unwrap_or(0);
@@ -225,6 +276,87 @@ pub fn serve(
         // Every answer of this wake-up in one write.
         if !out.is_empty() {
             conn.write_all(&out)?;
+        }
+        // Sockets without a `lane` request are not kept.
+        fds.truncate(tlsgate_sys::ipc::MAX_FDS_PER_READ);
+    }
+}
+
+/// Reads for the deframer that keep the sockets sent along.
+struct FdReader<'a> {
+    sock: &'a UnixStream,
+    fds: &'a mut Vec<OwnedFd>,
+}
+
+impl Read for FdReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        tlsgate_sys::ipc::recv_with_fds(self.sock, buf, self.fds)
+    }
+}
+
+/// Serves `sock` as a lane on a thread of its own, if under [`MAX_LANES`];
+/// dropping it otherwise closes it (its worker then uses the shared
+/// connection).
+fn open_lane(sock: UnixStream, keys: &KeyMap, lanes: &Arc<AtomicUsize>) {
+    if lanes.fetch_add(1, Ordering::SeqCst) >= MAX_LANES {
+        lanes.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("key server: more than {MAX_LANES} lanes; one refused");
+        return;
+    }
+    let (keys, count) = (keys.clone(), lanes.clone());
+    let spawned = std::thread::Builder::new()
+        .name("key-lane".into())
+        .spawn(move || {
+            if let Err(e) = serve_lane(sock, &keys) {
+                tracing::debug!("key server: lane closed: {e}");
+            }
+            count.fetch_sub(1, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        lanes.fetch_sub(1, Ordering::SeqCst);
+        tracing::warn!("key server: cannot start a lane thread: {e}");
+    }
+}
+
+/// What a lane answers `req`: a signature, or a refusal for anything else.
+fn lane_answer(keys: &KeyMap, req: &Request) -> Response {
+    match req {
+        Request::Sign {
+            key_id,
+            scheme,
+            message,
+        } => sign_with(keys, *key_id, *scheme, message),
+        _ => Response::Failed(Failure::BadRequest),
+    }
+}
+
+/// Answers the signature requests of one lane until it closes. A lane
+/// only signs: anything else is refused (`load` belongs to the shared
+/// connection), and an out-of-bounds length ends the lane.
+fn serve_lane(mut sock: UnixStream, keys: &KeyMap) -> io::Result<()> {
+    sock.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let mut input = Deframer::new(proto::MAX_REQUEST);
+    let mut out = Vec::with_capacity(1024);
+    loop {
+        if input.read_from(&mut sock)? == 0 {
+            return Ok(());
+        }
+        out.clear();
+        while let Some(frame) = input
+            .next_frame()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?
+        {
+            let (id, resp) = match proto::decode_request(frame) {
+                Ok((id, req)) => (id, lane_answer(keys, &req)),
+                Err(_) => (
+                    proto::request_id(frame).unwrap_or(0),
+                    Response::Failed(Failure::BadRequest),
+                ),
+            };
+            proto::encode_response(&mut out, id, &resp);
+        }
+        if !out.is_empty() {
+            sock.write_all(&out)?;
         }
     }
 }
@@ -304,6 +436,41 @@ mod tests {
             assert_eq!(*rid, 10 + i as u64);
             assert!(matches!(r, Response::Signature(s) if s.len() > 60), "{r:?}");
         }
+
+        // A lane: its socket rides with the request; it signs, refuses a
+        // load, and a request without a socket is refused on the connection.
+        let (mut lane, theirs) = UnixStream::pair().unwrap();
+        let mut frame = Vec::new();
+        proto::encode_request(&mut frame, 0, &Request::Lane);
+        tlsgate_sys::ipc::send_with_fd(&ours, &frame, &theirs).unwrap();
+        drop(theirs);
+        let mut buf = Vec::new();
+        proto::encode_request(&mut buf, 30, &sign(id));
+        proto::encode_request(&mut buf, 31, &Request::Load { keep: vec![] });
+        lane.write_all(&buf).unwrap();
+        let got = answers(&mut lane, 2);
+        assert_eq!(got[0].0, 30);
+        assert!(matches!(&got[0].1, Response::Signature(s) if s.len() > 60));
+        assert_eq!(got[1], (31, Response::Failed(Failure::BadRequest)));
+        let mut buf = Vec::new();
+        proto::encode_request(&mut buf, 32, &Request::Lane);
+        ours.write_all(&buf).unwrap();
+        assert_eq!(
+            answers(&mut ours, 1),
+            vec![(32, Response::Failed(Failure::BadRequest))]
+        );
+        // A lane with a bad length is closed; the connection still serves.
+        lane.write_all(&u32::MAX.to_be_bytes()).unwrap();
+        let mut rest = Vec::new();
+        lane.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+        let mut buf = Vec::new();
+        proto::encode_request(&mut buf, 33, &sign(id));
+        ours.write_all(&buf).unwrap();
+        assert!(matches!(
+            &answers(&mut ours, 1)[0],
+            (33, Response::Signature(_))
+        ));
 
         // A length over the bound: the stream is untrustworthy, the server ends.
         ours.write_all(&u32::MAX.to_be_bytes()).unwrap();

@@ -128,14 +128,19 @@ async fn accept_loop(
         };
         match admit(&shared, peer.ip()) {
             Ok((permit, slot)) => {
-                tracker.spawn(crate::conn::handle(
+                // Boxed: the connection's future is ~10 KiB, and tokio
+                // moves a future by value through several layers of
+                // `spawn` and again into and out of its task cell (callgrind:
+                // ~100 KB of memcpy per connection unboxed); a box moves
+                // as a pointer.
+                tracker.spawn(Box::pin(crate::conn::handle(
                     shared.clone(),
                     listener_idx,
                     sock,
                     peer,
                     permit,
                     slot,
-                ));
+                )));
             }
             // Dropping the socket closes it: nothing read, no TLS work.
             Err(reason) => {

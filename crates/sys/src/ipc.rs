@@ -19,23 +19,7 @@ pub fn socket_pair() -> io::Result<(UnixStream, UnixStream)> {
 
 /// Sends one byte and, with it, a duplicate of `fd` (`SCM_RIGHTS`).
 pub fn send_fd(sock: &UnixStream, fd: impl AsFd) -> io::Result<()> {
-    let fds = [fd.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("control buffer too small"));
-    }
-    let sent = rustix::net::sendmsg(
-        sock,
-        &[IoSlice::new(b"F")],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
-    if sent == 1 {
-        Ok(())
-    } else {
-        Err(io::ErrorKind::WriteZero.into())
-    }
+    send_with_fd(sock, b"F", fd)
 }
 
 /// Receives what [`send_fd`] sent: `Ok(None)` when the peer closed. The
@@ -67,6 +51,68 @@ pub fn recv_fd(sock: &UnixStream) -> io::Result<Option<OwnedFd>> {
             "message without a descriptor",
         )),
     }
+}
+
+/// Sends all of `data` with a duplicate of `fd` attached to its first
+/// byte (`SCM_RIGHTS`): a framed message that carries a descriptor, read
+/// on the other side by [`recv_with_fds`].
+pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: impl AsFd) -> io::Result<()> {
+    let fds = [fd.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("control buffer too small"));
+    }
+    let sent = rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(data)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if sent == 0 && !data.is_empty() {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    // The descriptor went with the first byte; the rest is plain data.
+    let rest = data.get(sent..).unwrap_or_default();
+    io::Write::write_all(&mut &*sock, rest)
+}
+
+/// Most descriptors [`recv_with_fds`] takes in one call; more are closed
+/// by the kernel (`MSG_CTRUNC`).
+pub const MAX_FDS_PER_READ: usize = 8;
+
+/// Reads bytes into `buf` like `read`, and appends the descriptors that
+/// came with them (close-on-exec) to `fds`. `Ok(0)`: the peer closed.
+pub fn recv_with_fds(
+    sock: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_READ))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let msg = rustix::net::recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(got) = m {
+            fds.extend(got);
+        }
+    }
+    Ok(msg.bytes)
+}
+
+/// Whether `fd` is a Unix stream socket (the only kind a peer may hand
+/// over to be talked to).
+pub fn is_unix_stream(fd: impl AsFd) -> bool {
+    let fd = fd.as_fd();
+    let stream =
+        rustix::net::sockopt::socket_type(fd).is_ok_and(|t| t == rustix::net::SocketType::STREAM);
+    let unix = rustix::net::getsockname(fd)
+        .is_ok_and(|a| a.address_family() == rustix::net::AddressFamily::UNIX);
+    stream && unix
 }
 
 /// Asks the kernel to SIGKILL this process when its parent thread exits,
@@ -150,6 +196,35 @@ mod tests {
             rustix::process::Pid::from_raw(pid as i32),
             rustix::process::WaitOptions::empty(),
         );
+    }
+
+    #[test]
+    fn a_frame_carries_a_descriptor_and_the_bytes_around_it_stay_in_order() {
+        let (a, b) = socket_pair().unwrap();
+        let (x, mut y) = socket_pair().unwrap();
+        std::io::Write::write_all(&mut &a, b"one").unwrap();
+        send_with_fd(&a, b"two", &x).unwrap();
+        std::io::Write::write_all(&mut &a, b"three").unwrap();
+        drop(x);
+        let (mut got, mut fds) = (Vec::new(), Vec::new());
+        while got.len() < 11 {
+            let mut buf = [0u8; 64];
+            let n = recv_with_fds(&b, &mut buf, &mut fds).unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, b"onetwothree");
+        assert_eq!(fds.len(), 1);
+        assert!(is_unix_stream(&fds[0]));
+        let mut x2 = UnixStream::from(fds.pop().unwrap());
+        x2.write_all(b"hi").unwrap();
+        let mut buf = [0u8; 2];
+        y.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hi");
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(!is_unix_stream(&file));
+        drop(a);
+        assert_eq!(recv_with_fds(&b, &mut [0u8; 4], &mut fds).unwrap(), 0);
     }
 
     #[test]

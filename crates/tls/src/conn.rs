@@ -112,17 +112,40 @@ struct FirstFlight<'a> {
     have: &'a mut usize,
 }
 
+impl FirstFlight<'_> {
+    /// Keeps what fits of the `n` bytes just sent from `bufs`.
+    fn keep(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) {
+        for buf in bufs {
+            if n == 0 || *self.have == self.bytes.len() {
+                return;
+            }
+            let sent = buf.len().min(n);
+            n -= sent;
+            let keep = (self.bytes.len() - *self.have).min(sent);
+            if let (Some(dst), Some(src)) = (
+                self.bytes.get_mut(*self.have..*self.have + keep),
+                buf.get(..keep),
+            ) {
+                dst.copy_from_slice(src);
+            }
+            *self.have += keep;
+        }
+    }
+}
+
 impl Write for FirstFlight<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.sock.try_write(buf)?;
-        let keep = (self.bytes.len() - *self.have).min(n);
-        if let (Some(dst), Some(src)) = (
-            self.bytes.get_mut(*self.have..*self.have + keep),
-            buf.get(..keep),
-        ) {
-            dst.copy_from_slice(src);
-        }
-        *self.have += keep;
+        self.keep(&[io::IoSlice::new(buf)], n);
+        Ok(n)
+    }
+    // The whole flight (ServerHello … ServerHelloDone, or a resumption's
+    // ServerHello, ticket, ChangeCipherSpec and Finished) in one system
+    // call and one TCP segment: rustls hands every record as its own
+    // buffer, and the default `write_vectored` would send each alone.
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let n = self.sock.try_write_vectored(bufs)?;
+        self.keep(bufs, n);
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
