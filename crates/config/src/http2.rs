@@ -80,7 +80,7 @@ pub(crate) fn validate(c: &Checker<'_>, s: &Http2Section) -> Result<Http2, Confi
     } else {
         s.idle_timeout
     };
-    Ok(Http2 {
+    let h = Http2 {
         max_concurrent_streams: c.within(
             "http2.max_concurrent_streams",
             s.max_concurrent_streams,
@@ -140,7 +140,21 @@ pub(crate) fn validate(c: &Checker<'_>, s: &Http2Section) -> Result<Http2, Confi
             s.control_frame_burst,
         )?,
         idle_timeout,
-    })
+    };
+    // A header list at the size limit, sent in frames of the largest size
+    // allowed, must not look like a CONTINUATION flood.
+    let needed = h.max_header_list_size.div_ceil(h.max_frame_size);
+    if h.max_header_frames < needed {
+        return Err(c.err(
+            "http2.max_header_frames",
+            format!(
+                "expected at least {needed}: a header list of max_header_list_size = {} bytes \
+                 takes that many frames of max_frame_size = {} bytes",
+                h.max_header_list_size, h.max_frame_size
+            ),
+        ));
+    }
+    Ok(h)
 }
 
 /// A listener's `alpn`: known protocols, no repeats, at least one.

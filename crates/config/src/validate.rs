@@ -935,6 +935,11 @@ names = ["example.com", "*.example.com"]
             ("[http2]\nreset_burst = 0\n", "http2.reset_burst", "from 1 to"),
             ("[http2]\nidle_timeout = \"0s\"\n", "http2.idle_timeout", "greater than zero"),
             ("[http2]\nmax_streams = 5\n", "http2.max_streams", "unknown field"),
+            (
+                "[http2]\nmax_header_list_size = 262144\nmax_header_frames = 15\n",
+                "http2.max_header_frames",
+                "expected at least 16",
+            ),
             ("[files]\nopen_file_cache = 100001\n", "files.open_file_cache", "100000"),
             ("[files]\nopen_file_cache_valid = \"0s\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
             ("[files]\nopen_file_cache_valid = \"2h\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
