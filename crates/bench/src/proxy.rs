@@ -16,32 +16,25 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tlsgate_loadgen::{HandshakeJob, Pacing, TlsProfile, TransferJob};
 
-use crate::crosscheck::tool_command;
 use crate::error::BenchError;
 use crate::materials::{Materials, SERVER_NAME};
 use crate::proc::ProcessTree;
 use crate::report::Results;
 use crate::runner::{Beside, Job, Runner};
 use crate::scenario::BenchOptions;
-use crate::targets::{find, free_port, nginx_head, program_version, stop, write, Target};
+use crate::targets::{
+    find, free_port, nginx_head, program_version, write, Probe, ServerProcess, Target,
+};
 
 /// The scenario's name in results.
 pub const SCENARIO: &str = "proxy";
 
 /// The plain-HTTP upstream every proxy forwards to.
-pub struct Upstream {
-    addr: SocketAddr,
-    child: Child,
-    tree: ProcessTree,
-    log: PathBuf,
-    version: String,
-}
+pub struct Upstream(ServerProcess);
 
 impl Upstream {
     /// Starts nginx on a free port of 127.0.0.1, pinned to `core`, and
@@ -58,81 +51,43 @@ impl Upstream {
         fs::create_dir_all(&dir).map_err(BenchError::io(&dir))?;
         let conf = dir.join("nginx.conf");
         write(&conf, &upstream_config(materials, addr, &dir))?;
-        let log = dir.join("server.log");
-        let out = fs::File::create(&log).map_err(BenchError::io(&log))?;
-        let err = out.try_clone().map_err(BenchError::io(&log))?;
-        let mut cmd = tool_command(core, &program);
-        tlsgate_sys::ipc::terminate_with_spawning_thread(&mut cmd);
-        let child = cmd
-            .arg("-p")
-            .arg(&dir)
-            .arg("-c")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| BenchError::Target {
-                target: "upstream nginx".into(),
-                problem: format!("cannot run {program}: {e}"),
-                log: String::new(),
-            })?;
-        let mut up = Self {
+        let args = [
+            "-p".to_string(),
+            dir.display().to_string(),
+            "-c".to_string(),
+            conf.display().to_string(),
+        ];
+        let version = program_version(&program, &["-v"]);
+        let server = ServerProcess::start(
+            "upstream nginx".into(),
+            &program,
+            &args,
+            core,
             addr,
-            tree: ProcessTree::of(child.id()),
-            child,
-            log,
-            version: program_version(&program, &["-v"]),
-        };
-        up.await_ready(probe)?;
-        up.tree = ProcessTree::of(up.child.id());
-        Ok(up)
-    }
-
-    fn await_ready(&mut self, probe: &str) -> Result<(), BenchError> {
-        let limit = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(self.failure(format!("exited at start ({status})")));
-            }
-            match get_status(self.addr, probe) {
-                Ok(200) => return Ok(()),
-                Ok(code) => {
-                    return Err(self.failure(format!("GET {probe} answered {code}, not 200")))
-                }
-                Err(_) if Instant::now() < limit => std::thread::sleep(Duration::from_millis(50)),
-                Err(e) => return Err(self.failure(format!("GET {probe} failed after 15 s: {e}"))),
-            }
-        }
-    }
-
-    fn failure(&self, problem: String) -> BenchError {
-        BenchError::Target {
-            target: "upstream nginx".into(),
-            problem,
-            log: fs::read_to_string(&self.log).unwrap_or_default(),
-        }
+            &dir,
+            version,
+            |addr| match get_status(addr, probe) {
+                Ok(200) => Probe::Ready,
+                Ok(code) => Probe::Failed(format!("GET {probe} answered {code}, not 200")),
+                Err(e) => Probe::NotYet(format!("GET {probe}: {e}")),
+            },
+        )?;
+        Ok(Self(server))
     }
 
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.0.addr()
     }
 
     /// Its processes.
     pub fn tree(&self) -> &ProcessTree {
-        &self.tree
+        self.0.tree()
     }
 
     /// Its version line.
     pub fn version(&self) -> &str {
-        &self.version
-    }
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        stop(&mut self.child);
+        self.0.version()
     }
 }
 

@@ -78,14 +78,129 @@ pub struct TargetSettings {
     pub proxy_to: Option<SocketAddr>,
 }
 
-/// A running target.
-pub struct Target {
-    kind: TargetKind,
+/// A server process the bench started: pinned, its output in a log, its
+/// process tree for CPU accounting, stopped when dropped.
+pub(crate) struct ServerProcess {
+    label: String,
     addr: SocketAddr,
     child: Child,
     tree: ProcessTree,
     log: PathBuf,
     version: String,
+}
+
+/// What a readiness probe found.
+pub(crate) enum Probe {
+    Ready,
+    NotYet(String),
+    Failed(String),
+}
+
+impl ServerProcess {
+    /// Runs `program args` (pinned to `core`, through taskset, which execs
+    /// it: the child's pid is the server's), its output in `dir/server.log`,
+    /// then waits up to 15 s for `probe` to find it ready.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        label: String,
+        program: &str,
+        args: &[String],
+        core: Option<usize>,
+        addr: SocketAddr,
+        dir: &Path,
+        version: String,
+        mut probe: impl FnMut(SocketAddr) -> Probe,
+    ) -> Result<Self, BenchError> {
+        let log = dir.join("server.log");
+        let out = fs::File::create(&log).map_err(BenchError::io(&log))?;
+        let err = out.try_clone().map_err(BenchError::io(&log))?;
+        let mut cmd = crate::crosscheck::tool_command(core, program);
+        // Should the bench be killed outright, the server goes too.
+        tlsgate_sys::ipc::terminate_with_spawning_thread(&mut cmd);
+        let child = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| BenchError::Target {
+                target: label.clone(),
+                problem: format!("cannot run {program}: {e}"),
+                log: String::new(),
+            })?;
+        let mut server = Self {
+            label,
+            addr,
+            tree: ProcessTree::of(child.id()),
+            child,
+            log,
+            version,
+        };
+        let limit = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(server.failure(format!("exited at start ({status})")));
+            }
+            match probe(addr) {
+                Probe::Ready => break,
+                Probe::Failed(problem) => return Err(server.failure(problem)),
+                Probe::NotYet(why) if Instant::now() > limit => {
+                    return Err(server.failure(format!("not ready after 15 s: {why}")));
+                }
+                Probe::NotYet(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+        // Workers exist once it is ready: take the tree now.
+        server.tree = ProcessTree::of(server.child.id());
+        Ok(server)
+    }
+
+    /// An error carrying the end of the server's log.
+    pub(crate) fn failure(&self, problem: String) -> BenchError {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        BenchError::Target {
+            target: self.label.clone(),
+            problem,
+            log: lines[lines.len().saturating_sub(20)..].join("\n"),
+        }
+    }
+
+    /// Where it listens.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Its processes.
+    pub(crate) fn tree(&self) -> &ProcessTree {
+        &self.tree
+    }
+
+    /// Its version line.
+    pub(crate) fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Fails if the server died.
+    pub(crate) fn check_alive(&mut self) -> Result<(), BenchError> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(self.failure(format!("died ({status})"))),
+            Err(e) => Err(self.failure(format!("cannot wait: {e}"))),
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        stop(&mut self.child);
+    }
+}
+
+/// A running target.
+pub struct Target {
+    kind: TargetKind,
+    server: ServerProcess,
 }
 
 impl Target {
@@ -99,7 +214,6 @@ impl Target {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let dir = materials.dir().join(kind.name());
         fs::create_dir_all(&dir).map_err(BenchError::io(&dir))?;
-        let log = dir.join("server.log");
         let (program, args, version) = match kind {
             TargetKind::Tlsgate => {
                 let conf = dir.join("tlsgate.toml");
@@ -150,75 +264,29 @@ impl Target {
                 )
             }
         };
-        let out = fs::File::create(&log).map_err(BenchError::io(&log))?;
-        let err = out.try_clone().map_err(BenchError::io(&log))?;
-        // taskset execs the server: the child's pid is the server's.
-        let mut cmd = match settings.core {
-            Some(core) => {
-                let mut c = Command::new("taskset");
-                c.arg("-c").arg(core.to_string()).arg(&program);
-                c
-            }
-            None => Command::new(&program),
-        };
-        // Should the bench be killed outright, the server goes too.
-        tlsgate_sys::ipc::terminate_with_spawning_thread(&mut cmd);
-        let child = cmd
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| BenchError::Target {
-                target: kind.to_string(),
-                problem: format!("cannot run {program}: {e}"),
-                log: String::new(),
-            })?;
-        let mut target = Self {
-            kind,
+        let server = ServerProcess::start(
+            kind.to_string(),
+            &program,
+            &args,
+            settings.core,
             addr,
-            tree: ProcessTree::of(child.id()),
-            child,
-            log,
+            &dir,
             version,
-        };
-        target.await_ready()?;
-        // Workers exist once it accepts: take the tree now.
-        target.tree = ProcessTree::of(target.child.id());
-        Ok(target)
-    }
-
-    fn await_ready(&mut self) -> Result<(), BenchError> {
-        let limit = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(self.failure(format!("exited at start ({status})")));
-            }
-            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
-                // nginx accepts in its master's socket before the worker runs.
-                std::thread::sleep(Duration::from_millis(100));
-                return Ok(());
-            }
-            if Instant::now() > limit {
-                return Err(self.failure("not accepting connections after 15 s".into()));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            |addr| match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                Ok(_) => {
+                    // nginx accepts in its master's socket before the worker runs.
+                    std::thread::sleep(Duration::from_millis(100));
+                    Probe::Ready
+                }
+                Err(e) => Probe::NotYet(format!("not accepting connections ({e})")),
+            },
+        )?;
+        Ok(Self { kind, server })
     }
 
     /// An error carrying the end of the target's log.
     pub fn failure(&self, problem: String) -> BenchError {
-        BenchError::Target {
-            target: self.kind.to_string(),
-            problem,
-            log: self.log_tail(),
-        }
-    }
-
-    fn log_tail(&self) -> String {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(20)..].join("\n")
+        self.server.failure(problem)
     }
 
     /// Which server.
@@ -228,32 +296,22 @@ impl Target {
 
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// Its processes.
     pub fn tree(&self) -> &ProcessTree {
-        &self.tree
+        self.server.tree()
     }
 
     /// Its version line.
     pub fn version(&self) -> &str {
-        &self.version
+        self.server.version()
     }
 
     /// Fails if the target died.
     pub fn check_alive(&mut self) -> Result<(), BenchError> {
-        match self.child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(status)) => Err(self.failure(format!("died ({status})"))),
-            Err(e) => Err(self.failure(format!("cannot wait: {e}"))),
-        }
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        stop(&mut self.child);
+        self.server.check_alive()
     }
 }
 
