@@ -444,17 +444,12 @@ impl TlsConnection {
     /// layer) or none will come (a close or EOF, which `read` reports).
     async fn wait_plaintext(&mut self) -> io::Result<usize> {
         loop {
+            if !matches!(self.layer, Layer::User(_)) {
+                return Ok(usize::MAX);
+            }
+            let state = self.process_packets()?;
             let Layer::User(tls) = &mut self.layer else {
                 return Ok(usize::MAX);
-            };
-            let state = match tls.process_new_packets() {
-                Ok(state) => state,
-                Err(e) => {
-                    let _ = tls.write_tls(&mut SyncIo(&self.sock));
-                    self.write_closed = true;
-                    self.failed();
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                }
             };
             if state.plaintext_bytes_to_read() > 0 {
                 return Ok(state.plaintext_bytes_to_read());
@@ -488,15 +483,23 @@ impl TlsConnection {
                 self.flush().await?;
             }
             self.read_tls().await?;
-            let Layer::User(tls) = &mut self.layer else {
-                return Err(gone());
-            };
-            if let Err(e) = tls.process_new_packets() {
+            self.process_packets()?;
+        }
+    }
+
+    /// rustls processes the records read. A fatal alert, ours or the
+    /// peer's, ends the connection (ours is sent if the socket takes it).
+    fn process_packets(&mut self) -> io::Result<rustls::IoState> {
+        let Layer::User(tls) = &mut self.layer else {
+            return Err(gone());
+        };
+        match tls.process_new_packets() {
+            Ok(state) => Ok(state),
+            Err(e) => {
                 let _ = tls.write_tls(&mut SyncIo(&self.sock));
-                // A fatal alert, ours or the peer's, ends the connection.
                 self.write_closed = true;
                 self.failed();
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                Err(io::Error::new(io::ErrorKind::InvalidData, e))
             }
         }
     }

@@ -107,12 +107,8 @@ impl AsyncRead for TlsConnection {
                 }
                 Err(e) => return Poll::Ready(Err(e)),
             }
-            if let Err(e) = tls.process_new_packets() {
-                let _ = tls.write_tls(&mut SyncIo(&this.sock));
-                // A fatal alert, ours or the peer's, ends the connection.
-                this.write_closed = true;
-                this.failed();
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+            if let Err(e) = this.process_packets() {
+                return Poll::Ready(Err(e));
             }
         }
     }
