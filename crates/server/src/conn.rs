@@ -1,15 +1,19 @@
 //! One client connection from accept to close: the TLS handshake under its
 //! timeout, its metrics, then the HTTP loop.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tlsgate_metrics::{HandshakeLabels, ReasonLabel};
 use tlsgate_tls::rustls::{HandshakeKind, ProtocolVersion};
+use tlsgate_tls::TlsConnection;
 use tokio::net::TcpStream;
 
 use crate::flood::HandshakeSlot;
+use crate::generation::Generation;
 use crate::http;
 use crate::limiter::Permit;
 use crate::respond::HttpCtx;
@@ -34,6 +38,12 @@ fn version_name(v: Option<ProtocolVersion>) -> &'static str {
 }
 
 /// Serves one accepted connection of listener `listener`.
+///
+/// An idle keep-alive connection holds little more than this future, so it
+/// is kept small: the handshake and the serving each run in a box of their
+/// own, made by plain functions, so this future holds two pointers where it
+/// would otherwise reserve room for the handshake's state and for every
+/// value moved on the way (~10 KiB of 16 per idle connection).
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     listener: usize,
@@ -54,13 +64,35 @@ pub(crate) async fn handle(
     // TCP_NODELAY comes from the listener (`tlsgate_sys::reuseport_listener`):
     // Linux copies it to accepted sockets, so no setsockopt per connection.
     let t0 = Instant::now();
-    let handshake = tokio::time::timeout(
-        gen.config.limits.handshake_timeout,
-        tlsgate_tls::accept(sock, &site.tls),
-    )
-    .await;
+    let handshake: Pin<Box<dyn Future<Output = Handshake> + Send + '_>> =
+        Box::pin(tokio::time::timeout(
+            gen.config.limits.handshake_timeout,
+            tlsgate_tls::accept(sock, &site.tls),
+        ));
+    let serving = after_handshake(&shared, &gen, listener, peer, handshake.await, t0);
     // The handshake is over, however it ended: free its slot.
     drop(slot);
+    if let Some(serving) = serving {
+        serving.await;
+    }
+}
+
+/// How a handshake under its timeout ended.
+type Handshake =
+    Result<Result<TlsConnection, tlsgate_tls::HandshakeError>, tokio::time::error::Elapsed>;
+
+/// Counts the handshake's outcome; for a connection that came through,
+/// the boxed future that serves it.
+fn after_handshake<'a>(
+    shared: &'a Shared,
+    gen: &'a Generation,
+    listener: usize,
+    peer: SocketAddr,
+    handshake: Handshake,
+    t0: Instant,
+) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>> {
+    let m = &shared.metrics;
+    let site = gen.sites.get(listener)?;
     let conn = match handshake {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
@@ -68,7 +100,7 @@ pub(crate) async fn handle(
             m.handshake_failures
                 .get_or_create(&ReasonLabel { reason: e.reason() })
                 .inc();
-            return;
+            return None;
         }
         Err(_) => {
             m.handshake_failures
@@ -79,13 +111,11 @@ pub(crate) async fn handle(
                     reason: "handshake",
                 })
                 .inc();
-            return;
+            return None;
         }
     };
     m.handshake_seconds.observe(t0.elapsed().as_secs_f64());
-    let Some(tls) = conn.tls() else {
-        return;
-    };
+    let tls = conn.tls()?;
     let version = version_name(tls.protocol_version());
     m.handshakes
         .get_or_create(&HandshakeLabels {
@@ -110,10 +140,10 @@ pub(crate) async fn handle(
     m.protocol_connections
         .get_or_create(&tlsgate_metrics::ProtocolLabel { protocol })
         .inc();
-    let mut cx = HttpCtx {
-        gen: &gen,
+    let cx = HttpCtx {
+        gen,
         site,
-        shared: &shared,
+        shared,
         peer,
         shutdown: shared.shutdown.subscribe(),
         sni: tls.server_name().map(str::to_owned),
@@ -123,9 +153,10 @@ pub(crate) async fn handle(
     if h2 {
         // HTTP/2 keeps the record layer in user space: h2 owns the byte
         // stream, and sendfile cannot frame DATA.
-        let mut conn = conn;
-        crate::h2::serve(&mut conn, &cx).await;
-        return;
+        return Some(Box::pin(async move {
+            let mut conn = conn;
+            crate::h2::serve(&mut conn, &cx).await;
+        }));
     }
     let offload = gen
         .config
@@ -133,18 +164,27 @@ pub(crate) async fn handle(
         .get(listener)
         .map(|l| l.offload)
         .unwrap_or_default();
-    let mut client = TlsClient::new(
+    let client = TlsClient::new(
         conn,
         offload,
         &shared.ktls,
         m,
         gen.config.limits.send_timeout,
     );
+    Some(Box::pin(serve_http1(client, cx)))
+}
+
+/// Serves an HTTP/1.1 connection after its handshake.
+async fn serve_http1(mut client: TlsClient<'_>, mut cx: HttpCtx<'_>) {
     if client.offloads_at_once() && client.offload_now(false).await.is_err() {
         return;
     }
     http::serve(&mut client, &mut cx).await;
     if let Some(reason) = client.conn.ended_by() {
-        m.ktls_closed.get_or_create(&ReasonLabel { reason }).inc();
+        cx.shared
+            .metrics
+            .ktls_closed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 }

@@ -12,6 +12,7 @@ use tlsgate_http1::{
 };
 use tokio::time::timeout_at;
 
+use crate::buffers;
 pub(crate) use crate::respond::HttpCtx;
 use crate::respond::{self, decide, Logged, Reply, Request};
 use crate::transport::Transport;
@@ -22,10 +23,8 @@ use crate::transport::Transport;
 pub const INLINE_BODY_MAX: u64 = 64 * 1024;
 /// Queued pipelined responses are sent once they reach this size.
 const OUT_FLUSH_AT: usize = 64 * 1024;
-/// Response buffer kept by an idle keep-alive connection.
-const IDLE_OUT_CAPACITY: usize = 4096;
 /// Bytes asked of the transport per read.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = buffers::READ_BUFFER;
 /// How long a closing connection keeps draining the client's bytes.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -51,6 +50,9 @@ pub(crate) struct Answered {
 /// future return from the connection right after, so the zero-filled tail
 /// left by a cancellation is never parsed.
 async fn read_more<T: Transport + Send>(io: &mut T, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    if buf.capacity() == 0 {
+        *buf = buffers::take_read();
+    }
     io.read_append(buf, READ_CHUNK).await
 }
 
@@ -120,8 +122,8 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         max_target_bytes: limits.max_uri_bytes,
         max_headers: limits.max_headers,
     };
-    let mut inbuf: Vec<u8> = Vec::with_capacity(READ_CHUNK);
-    let mut out: Vec<u8> = Vec::with_capacity(IDLE_OUT_CAPACITY);
+    let mut inbuf: Vec<u8> = buffers::take_read();
+    let mut out: Vec<u8> = Vec::new();
     let mut scratch: Vec<u8> = Vec::new();
     let mut served: u64 = 0;
     // When the head being read began; the first one counts from the handshake.
@@ -157,17 +159,18 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                             return End::Done;
                         }
                         // Idle keep-alive connections are most of a busy
-                        // server's connections: they keep no response
-                        // buffers (64 KiB each after a file was sent).
+                        // server's connections: they wait for the next
+                        // request with no buffer of their own.
                         release_idle_buffers(&mut out, &mut scratch, &mut inbuf);
                         let deadline = (Instant::now() + limits.keepalive_timeout).into();
                         tokio::select! {
-                            r = timeout_at(deadline, read_more(io, &mut inbuf)) => match r {
-                                Ok(Ok(n)) if n > 0 => {
+                            r = timeout_at(deadline, io.readable()) => match r {
+                                // The read above takes a buffer and reads.
+                                Ok(Ok(())) => {
                                     head_started = Some(Instant::now());
                                     continue;
                                 }
-                                Ok(_) => return End::Done,
+                                Ok(Err(_)) => return End::Done,
                                 Err(_) => {
                                     close(io).await;
                                     return End::Timeout("keepalive");
@@ -206,6 +209,9 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         let t0 = Instant::now();
         let wall = SystemTime::now();
         served += 1;
+        if out.capacity() == 0 {
+            out = buffers::take_out();
+        }
         let mut keep_alive = head.keep_alive()
             && served < limits.max_requests_per_connection
             && !*cx.shutdown.borrow();
@@ -217,7 +223,10 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             crate::proxy::Routed::Root(root) => (root, None),
             crate::proxy::Routed::Pool(pool, max_body) => {
                 let args = (pool, max_body, keep_alive);
-                match crate::proxy::serve(io, cx, &head, &mut inbuf, &mut out, args).await {
+                // Boxed: an upstream exchange's state is ~3 KiB, which
+                // inline would sit in every connection's future, idle or not.
+                let exchange = crate::proxy::serve(io, cx, &head, &mut inbuf, &mut out, args);
+                match Box::pin(exchange).await {
                     Ok((answered, note, keep)) => {
                         keep_alive = keep;
                         (&cx.site.root, Some((answered, note)))
@@ -312,15 +321,12 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
     }
 }
 
-/// Frees what a connection waiting for its next request does not need.
+/// Gives back what a connection waiting for its next request does not
+/// need: every buffer, unless it still holds bytes.
 fn release_idle_buffers(out: &mut Vec<u8>, scratch: &mut Vec<u8>, inbuf: &mut Vec<u8>) {
-    if out.is_empty() && out.capacity() > IDLE_OUT_CAPACITY {
-        *out = Vec::with_capacity(IDLE_OUT_CAPACITY);
-    }
+    buffers::release_out(out);
     *scratch = Vec::new();
-    if inbuf.is_empty() && inbuf.capacity() > READ_CHUNK {
-        *inbuf = Vec::with_capacity(READ_CHUNK);
-    }
+    buffers::release_read(inbuf);
 }
 
 async fn close<T: Transport>(io: &mut T) {
@@ -338,7 +344,13 @@ async fn drain_length<T: Transport + Send>(
     inbuf.drain(..have);
     let mut left = len - have as u64;
     let deadline = (Instant::now() + cx.gen.config.limits.body_timeout).into();
-    let mut sink = [0u8; 4096];
+    // On the heap, and only when a body is still coming: an array here
+    // would sit in every connection's future, idle or not.
+    let mut sink = if left > 0 {
+        vec![0u8; 4096]
+    } else {
+        Vec::new()
+    };
     while left > 0 {
         let want = usize::try_from(left).map_or(sink.len(), |l| l.min(sink.len()));
         match timeout_at(deadline, io.read(sink.get_mut(..want).unwrap_or_default())).await {

@@ -8,6 +8,7 @@
 
 mod access_log;
 mod admin;
+mod buffers;
 mod conn;
 mod flood;
 mod generation;

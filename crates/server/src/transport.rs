@@ -3,6 +3,7 @@
 //! where [`Transport::send_file`] becomes `sendfile(2)`; and [`TlsClient`],
 //! a client's TLS connection with its listener's offload policy.
 
+use std::cell::RefCell;
 use std::fs::File;
 use std::future::Future;
 use std::io;
@@ -37,6 +38,11 @@ pub trait Transport {
             buf.truncate(start + *r.as_ref().unwrap_or(&0));
             r
         }
+    }
+    /// Waits until a read would not wait (bytes, end of stream or an
+    /// error are there), without a buffer; by default a read waits itself.
+    fn readable(&mut self) -> impl Future<Output = io::Result<()>> + Send {
+        async { Ok(()) }
     }
     /// Queues or writes all of `data`.
     fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
@@ -125,6 +131,78 @@ async fn send_file_through<T: Transport + ?Sized>(
     Ok(())
 }
 
+/// Plaintext encrypted per turn of [`send_file_encrypting`]: what
+/// rustls' send buffer takes at once.
+const FILE_TURN: usize = 64 * 1024;
+/// A turn once the client has read slower than we send: one TLS record,
+/// so a connection waiting for its client holds at most that.
+const SLOW_CLIENT_TURN: usize = 16 * 1024;
+
+thread_local! {
+    /// The worker thread's one buffer for user-space file bodies. A
+    /// chunk is read into it and encrypted into rustls with no wait in
+    /// between, so no connection holds a plaintext chunk while its client
+    /// is slow (64 KiB each with thousands of clients), and no chunk is
+    /// zero-filled before its read.
+    static FILE_BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// [`Transport::send_file`] under user-space TLS: `head`, then `len`
+/// bytes of `file` from `offset`, read and encrypted a turn at a time
+/// through [`FILE_BUFFER`]; each turn's send is bounded by `timeout`.
+async fn send_file_encrypting(
+    conn: &mut TlsConnection,
+    mut head: &[u8],
+    file: &File,
+    offset: u64,
+    len: u64,
+    timeout: Duration,
+) -> io::Result<()> {
+    let mut done = 0u64;
+    let mut turn = FILE_TURN;
+    while done < len || !head.is_empty() {
+        let (head_taken, body_taken) = FILE_BUFFER.with(|cell| {
+            let mut buf = cell
+                .try_borrow_mut()
+                .map_err(|_| io::Error::other("the worker's file buffer is in use"))?;
+            let body_room = turn.saturating_sub(head.len()).max(SLOW_CLIENT_TURN);
+            let body_want = usize::try_from(len - done).map_or(body_room, |r| r.min(body_room));
+            let total = head.len() + body_want;
+            if buf.len() < total {
+                buf.resize(total, 0);
+            }
+            let (head_part, body_part) = buf.split_at_mut(head.len());
+            head_part.copy_from_slice(head);
+            let body = body_part.get_mut(..body_want).unwrap_or_default();
+            // Page-cache reads are short; like nginx without aio, the
+            // worker reads in line rather than paying a thread hop.
+            let n = if body.is_empty() {
+                0
+            } else {
+                file.read_at(body, offset + done)?
+            };
+            if n == 0 && body_want > 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "file shrank while being sent",
+                ));
+            }
+            let filled = buf.get(..head.len() + n).unwrap_or_default();
+            // Bytes rustls does not take now are read again next turn.
+            let taken = conn.encrypt(filled)?;
+            let head_taken = taken.min(head.len());
+            Ok::<_, io::Error>((head_taken, (taken - head_taken) as u64))
+        })?;
+        head = head.get(head_taken..).unwrap_or_default();
+        done += body_taken;
+        let waited = tokio::time::timeout(timeout, conn.flush_noting_wait())
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        turn = if waited { SLOW_CLIENT_TURN } else { FILE_TURN };
+    }
+    Ok(())
+}
+
 /// A client's TLS connection with its listener's kernel-TLS policy.
 pub(crate) struct TlsClient<'a> {
     /// The connection.
@@ -209,6 +287,9 @@ impl Transport for TlsClient<'_> {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         self.conn.read(buf).await
     }
+    async fn readable(&mut self) -> io::Result<()> {
+        self.conn.readable().await
+    }
     async fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
         self.conn.read_append(buf, max).await
     }
@@ -244,8 +325,9 @@ impl Transport for TlsClient<'_> {
                     "sendfile",
                 )
             } else {
+                let _ = scratch;
                 (
-                    send_file_through(conn, head, file, offset, len, scratch, timeout).await,
+                    send_file_encrypting(conn, head, file, offset, len, timeout).await,
                     "userspace",
                 )
             };
@@ -274,6 +356,9 @@ impl Transport for TlsConnection {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         TlsConnection::read(self, buf).await
     }
+    async fn readable(&mut self) -> io::Result<()> {
+        TlsConnection::readable(self).await
+    }
     async fn read_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
         TlsConnection::read_append(self, buf, max).await
     }
@@ -295,6 +380,9 @@ impl Transport for TcpStream {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         AsyncReadExt::read(self, buf).await
     }
+    async fn readable(&mut self) -> io::Result<()> {
+        TcpStream::readable(self).await
+    }
     async fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         AsyncWriteExt::write_all(self, data).await
     }
@@ -311,7 +399,8 @@ impl Transport for TcpStream {
 
 /// Discards incoming bytes until EOF, `limit`, or 1 MiB.
 pub(crate) async fn linger_socket(sock: &TcpStream, limit: Duration) {
-    let mut sink = [0u8; 4096];
+    // On the heap: an array here would sit in every connection's future.
+    let mut sink = vec![0u8; 4096];
     let mut left = 1usize << 20;
     let _ = tokio::time::timeout(limit, async {
         while left > 0 {

@@ -439,6 +439,20 @@ impl TlsConnection {
         r
     }
 
+    /// Waits until a [`read`](Self::read) would not wait: application
+    /// bytes, a close or an error are there. The caller needs no buffer
+    /// meanwhile (an idle connection holds none).
+    pub async fn readable(&mut self) -> io::Result<()> {
+        if !self.carried.is_empty() || self.peer_closed {
+            return Ok(());
+        }
+        match self.layer {
+            Layer::User(_) => self.wait_plaintext().await.map(|_| ()),
+            Layer::Kernel(_) => self.sock.readable().await,
+            Layer::Gone => Err(gone()),
+        }
+    }
+
     /// How many decrypted bytes rustls holds, once it holds some; waits
     /// for the client as needed. `usize::MAX` when that is unknown (kernel
     /// layer) or none will come (a close or EOF, which `read` reports).
@@ -640,20 +654,45 @@ impl TlsConnection {
 
     /// Sends every pending TLS record.
     pub async fn flush(&mut self) -> io::Result<()> {
+        self.flush_noting_wait().await.map(|_| ())
+    }
+
+    /// Like [`flush`](Self::flush); `Ok(true)` when the socket was full
+    /// on the way, so the client reads slower than we send.
+    pub async fn flush_noting_wait(&mut self) -> io::Result<bool> {
+        let mut waited = false;
         loop {
             let Layer::User(tls) = &mut self.layer else {
                 // The kernel sends as it encrypts.
-                return Ok(());
+                return Ok(waited);
             };
             if !tls.wants_write() {
-                return Ok(());
+                return Ok(waited);
             }
             match tls.write_tls(&mut SyncIo(&self.sock)) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.writable().await?,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    waited = true;
+                    self.sock.writable().await?;
+                }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Encrypts as much of `data` as rustls' send buffer takes (64 KiB
+    /// when empty) and returns how much, without waiting: the caller's
+    /// plaintext need not outlive this call, and [`flush`](Self::flush)
+    /// sends the records. User-space TLS only.
+    pub fn encrypt(&mut self, data: &[u8]) -> io::Result<usize> {
+        match &mut self.layer {
+            Layer::User(tls) => tls.writer().write(data),
+            Layer::Kernel(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the kernel encrypts this connection's records",
+            )),
+            Layer::Gone => Err(gone()),
         }
     }
 
@@ -816,7 +855,9 @@ impl TlsConnection {
     /// Decrypts what rustls holds into `carried` and, if the bytes read
     /// so far end inside a record, reads exactly the rest of that record.
     async fn read_to_record_end(&mut self) -> io::Result<()> {
-        let mut chunk = [0u8; 4096];
+        // On the heap: an array here would sit in every connection's
+        // future (the switch can happen mid-connection), idle or not.
+        let mut chunk = vec![0u8; 4096];
         loop {
             let Layer::User(tls) = &mut self.layer else {
                 return Err(gone());
