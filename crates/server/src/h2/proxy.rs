@@ -33,8 +33,9 @@ pub(super) struct Answered {
     pub note: Proxied,
 }
 
-/// A request the proxy does not pass on: the status and the logged reason.
-struct Malformed(&'static str);
+/// A request the proxy does not pass on: the status it gets and the
+/// reason logged.
+struct Unfit(u16, &'static str);
 
 /// Forwards a stream routed to `pool` and answers it.
 pub(super) async fn serve(
@@ -49,12 +50,12 @@ pub(super) async fn serve(
     let h = &parts.headers;
     // Cookies split across fields (RFC 9113 §8.2.3) go upstream as one.
     let cookie = super::joined_with(h, &header::COOKIE, b"; ");
-    let fields = match translate(parts, cookie.as_deref()) {
+    let fields = match translate(parts, method, cookie.as_deref()) {
         Ok(f) => f,
-        Err(Malformed(reason)) => {
-            let bytes = super::send_text(&mut respond, 400, is_head, cx);
+        Err(Unfit(status, reason)) => {
+            let bytes = super::send_text(&mut respond, status, is_head, cx);
             return Answered {
-                status: 400,
+                status,
                 body_bytes: bytes,
                 note: Proxied {
                     server: None,
@@ -172,34 +173,40 @@ struct Translated<'a> {
 /// get, and takes its pieces (RFC 9113 §8.3.1).
 fn translate<'a>(
     parts: &'a http::request::Parts,
+    method: &Method,
     cookie: Option<&'a [u8]>,
-) -> Result<Translated<'a>, Malformed> {
+) -> Result<Translated<'a>, Unfit> {
+    // CONNECT (and extended CONNECT, RFC 8441, whose setting is not
+    // offered) would need a tunnel over the stream: not proxied.
+    if method == &Method::Connect {
+        return Err(Unfit(405, "connect_refused"));
+    }
     let h = &parts.headers;
     let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
     let mut hosts = h.get_all(header::HOST).iter().map(HeaderValue::as_bytes);
     let (first_host, second_host) = (hosts.next(), hosts.next());
     if second_host.is_some() {
-        return Err(Malformed("duplicate_host"));
+        return Err(Unfit(400, "duplicate_host"));
     }
     let host = match (authority, first_host) {
         // A Host that names another entity than :authority is malformed.
         (Some(a), Some(hv)) if !a.eq_ignore_ascii_case(hv) => {
-            return Err(Malformed("host_mismatch"));
+            return Err(Unfit(400, "host_mismatch"));
         }
         (Some(a), _) => a,
         (None, Some(hv)) => hv,
-        (None, None) => return Err(Malformed("no_authority")),
+        (None, None) => return Err(Unfit(400, "no_authority")),
     };
     // :authority must not carry userinfo; neither goes into Host.
     if host.is_empty() || host.contains(&b'@') || !is_field_value(host) {
-        return Err(Malformed("bad_authority"));
+        return Err(Unfit(400, "bad_authority"));
     }
     let target = parts
         .uri
         .path_and_query()
         .map_or(&b""[..], |p| p.as_str().as_bytes());
     if !(target.first() == Some(&b'/') || target == b"*") {
-        return Err(Malformed("bad_path"));
+        return Err(Unfit(400, "bad_path"));
     }
     let mut content_length: Option<u64> = None;
     for v in h.get_all(header::CONTENT_LENGTH) {
@@ -207,9 +214,9 @@ fn translate<'a>(
             .ok()
             .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|s| s.parse::<u64>().ok())
-            .ok_or(Malformed("bad_content_length"))?;
+            .ok_or(Unfit(400, "bad_content_length"))?;
         if content_length.is_some_and(|c| c != n) {
-            return Err(Malformed("bad_content_length"));
+            return Err(Unfit(400, "bad_content_length"));
         }
         content_length = Some(n);
     }
@@ -220,13 +227,13 @@ fn translate<'a>(
         }
         // CR, LF and NUL never reach an upstream (h2 refuses them too).
         if !is_field_value(value.as_bytes()) {
-            return Err(Malformed("bad_header_value"));
+            return Err(Unfit(400, "bad_header_value"));
         }
         fields.push((name.as_str(), value.as_bytes()));
     }
     if let Some(c) = cookie {
         if !is_field_value(c) {
-            return Err(Malformed("bad_header_value"));
+            return Err(Unfit(400, "bad_header_value"));
         }
         fields.push(("cookie", c));
     }
