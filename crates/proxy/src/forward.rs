@@ -1315,8 +1315,7 @@ async fn relay_stream<S: Responder>(
         ResponseFraming::None => resp.header("content-length").map(<[u8]>::to_vec),
         _ => None,
     };
-    let mut fields =
-        response_fields(&resp).chain(length.as_deref().map(|l| ("content-length", l)).into_iter());
+    let mut fields = response_fields(&resp).chain(length.as_deref().map(|l| ("content-length", l)));
     let aborted = |sent: u64, reason: &'static str| Outcome::Aborted {
         status,
         body_bytes: sent,
