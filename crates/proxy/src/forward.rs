@@ -1230,8 +1230,11 @@ async fn relay<D: Downstream>(
             Ok(done) => done,
             Err(f) => {
                 pool.failed(lease.server, f);
-                // What was read before the failure still goes out.
-                let _ = send(client, out, r.send_timeout).await;
+                // What was read before the failure (the head, at least)
+                // still goes out: the cut shows as a short body.
+                if !out.is_empty() {
+                    let _ = send(client, out, r.send_timeout).await;
+                }
                 return Outcome::Aborted {
                     status,
                     body_bytes: sent,
@@ -1503,6 +1506,33 @@ mod tests {
         assert!(
             long.contains("\r\nX-Real-IP: ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff\r\n"),
             "{long}"
+        );
+    }
+
+    #[test]
+    fn stream_requests_are_framed_for_http11_and_never_carry_cr_lf_or_hop_fields() {
+        let fields: &[(&str, &[u8])] = &[
+            ("te", b"trailers"),
+            ("x-forwarded-for", b"6.6.6.6"),
+            ("x-evil", b"a\r\nInjected: 1"),
+            ("x-nul", b"a\0b"),
+            ("cookie", b"a=1; b=2"),
+        ];
+        let o = Outgoing {
+            method: &Method::Post,
+            target: b"/up?x=1",
+            host: b"app.test",
+            fields: || fields.iter().copied(),
+            via: b"2 tlsgate",
+            body: BodyFraming::Chunked,
+            websocket: None,
+            peer: "192.0.2.7:5555".parse().unwrap(),
+            client_cert: None,
+        };
+        let head = String::from_utf8(upstream_head(&o)).unwrap();
+        assert_eq!(
+            head,
+            "POST /up?x=1 HTTP/1.1\r\nHost: app.test\r\ncookie: a=1; b=2\r\nX-Forwarded-For: 192.0.2.7\r\nX-Real-IP: 192.0.2.7\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: app.test\r\nForwarded: for=192.0.2.7;proto=https;host=\"app.test\"\r\nVia: 2 tlsgate\r\nTransfer-Encoding: chunked\r\n\r\n"
         );
     }
 }
