@@ -636,20 +636,19 @@ mod tests {
         POOL.replacen("name = \"app\"\n", &format!("name = \"app\"\n{keys}"), 1)
     }
 
-    /// The proxy answers over HTTP/1.1 only: a listener with a route to a
-    /// pool drops h2 from the default ALPN list and refuses it when asked.
+    /// Proxied routes are served over HTTP/2 too: a listener with a route
+    /// to a pool keeps the default ALPN list, and may name h2 itself.
     #[test]
-    fn listeners_that_proxy_offer_http11_only() {
+    fn listeners_that_proxy_offer_h2_too() {
         let route = "[[listener.route]]\npath = \"/api\"\nupstream = \"app\"\n";
         let c = load_text(&with(POOL, route)).unwrap();
-        assert_eq!(c.listeners[0].alpn, vec![crate::Alpn::Http11]);
-        let c = load_text(&with(POOL, "")).unwrap();
-        assert!(c.listeners[0].alpn.contains(&crate::Alpn::H2));
-        let explicit =
-            LISTENER.replace("self_signed", "alpn = [\"h2\", \"http/1.1\"]\nself_signed");
-        let e = load_text(&format!("{POOL}\n{explicit}{route}")).unwrap_err();
-        assert!(e.to_string().contains("listener[0].alpn"), "{e}");
-        assert!(e.to_string().contains("HTTP/1.1"), "{e}");
+        assert_eq!(
+            c.listeners[0].alpn,
+            vec![crate::Alpn::H2, crate::Alpn::Http11]
+        );
+        let explicit = LISTENER.replace("self_signed", "alpn = [\"h2\"]\nself_signed");
+        let c = load_text(&format!("{POOL}\n{explicit}{route}")).unwrap();
+        assert_eq!(c.listeners[0].alpn, vec![crate::Alpn::H2]);
     }
 
     #[test]

@@ -311,23 +311,6 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
             &upstreams,
             limits.max_body_bytes,
         )?;
-        // The proxy answers clients over HTTP/1.1 only (for now): a listener
-        // with routes to pools does not offer h2 unless told to, and cannot
-        // be told to.
-        let proxies = listener
-            .routes
-            .iter()
-            .any(|r| matches!(r.target, crate::proxy::RouteTarget::Upstream(_)));
-        if proxies && listener.alpn.contains(&crate::Alpn::H2) {
-            if ls.alpn.is_some() {
-                return Err(c.err(
-                    format!("{}.alpn", listener.key_path),
-                    "\"h2\" cannot be offered on a listener with routes to [[upstream]] pools yet \
-                     (the proxy speaks HTTP/1.1 to clients): use alpn = [\"http/1.1\"]",
-                ));
-            }
-            listener.alpn.retain(|a| *a != crate::Alpn::H2);
-        }
         for a in &listener.addrs {
             if a.port() != 0 && seen.contains(a) {
                 return Err(c.err(

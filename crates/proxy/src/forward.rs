@@ -1,8 +1,14 @@
 //! One proxied exchange: the request head rewritten for the upstream
 //! (hop-by-hop fields out, forwarding fields in), the request body
-//! streamed with backpressure (chunked bodies re-framed), bounded retries
-//! to other servers, the response head checked and rewritten, its body
-//! streamed back. Nothing is buffered whole; the slower side sets the pace.
+//! streamed with backpressure (re-framed when it was chunked or of unknown
+//! length), bounded retries to other servers, the response head checked
+//! and rewritten, its body streamed back. Nothing is buffered whole; the
+//! slower side sets the pace.
+//!
+//! The exchange with the upstream ([`exchange`], [`UpBody`]) is the same
+//! whatever protocol the client speaks; [`forward`] puts an HTTP/1.1
+//! client connection on it, [`forward_stream`] an HTTP/2 stream (or any
+//! client side that sends a response as a head and then body pieces).
 
 use std::future::Future;
 use std::io::{self, Write as _};
@@ -34,6 +40,9 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_RESPONSE_HEADERS: usize = 200;
 /// Trailer bytes accepted on a chunked body (then dropped).
 const MAX_TRAILER: usize = 16 * 1024;
+/// The status logged for a request whose client went away before any
+/// response (nginx's convention); never sent.
+pub const CLIENT_CLOSED: u16 = 499;
 
 /// The client side of an exchange: the connection's byte stream.
 pub trait Downstream {
@@ -45,6 +54,69 @@ pub trait Downstream {
     fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
     /// Sends what is queued.
     fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+}
+
+/// A request body refused on the client's side: the status it gets and
+/// the reason logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyRefused {
+    /// 400, 408, 413 (or 502 when the client is gone).
+    pub status: u16,
+    /// For the access log and metrics.
+    pub reason: &'static str,
+}
+
+/// A request body as the client sends it, already decoded from its
+/// protocol's framing.
+pub trait RequestBody: Send {
+    /// The next bytes of the body, `None` at its end. The bytes of the
+    /// previous call have been written upstream when this is called again
+    /// (an HTTP/2 side gives the flow-control window back then).
+    fn next(&mut self) -> impl Future<Output = Result<Option<&[u8]>, BodyRefused>> + Send;
+}
+
+/// Why a response could not be sent on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendError {
+    /// The client reset the stream or left.
+    Gone,
+    /// The client did not make room within the send timeout.
+    Timeout,
+}
+
+impl SendError {
+    /// Stable name for logs.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Gone => "client_gone",
+            Self::Timeout => "send_timeout",
+        }
+    }
+}
+
+/// A client side that takes a response as a head and then body pieces,
+/// each sent as its flow control allows (an HTTP/2 stream).
+pub trait Responder: Send {
+    /// Sends the response head; `end` when no body follows. The fields
+    /// are the upstream's, hop-by-hop ones removed, names as the upstream
+    /// spelled them, framing as `content-length` when the length is known.
+    fn head(
+        &mut self,
+        status: u16,
+        fields: &mut dyn Iterator<Item = (&str, &[u8])>,
+        end: bool,
+    ) -> Result<(), SendError>;
+    /// Sends body bytes once the client has room for them; `end` with the last.
+    fn data(
+        &mut self,
+        data: Vec<u8>,
+        end: bool,
+    ) -> impl Future<Output = Result<(), SendError>> + Send;
+    /// Completes when the client cancels the request (resets the stream).
+    fn cancelled(&mut self) -> impl Future<Output = ()> + Send;
+    /// Ends a response that broke off after its head: the client must not
+    /// take it for complete.
+    fn abort(&mut self);
 }
 
 /// A request to forward and what the connection knows about it.
@@ -65,13 +137,37 @@ pub struct Request<'a> {
     pub keep_alive: bool,
 }
 
+/// A request that came as an HTTP/2 stream (RFC 9113 §8.3), in the
+/// pieces the upstream head is made of.
+pub struct StreamRequest<'a> {
+    /// `:method`.
+    pub method: &'a Method,
+    /// `:path` (origin-form, or `*`).
+    pub target: &'a [u8],
+    /// `:authority` (or the Host field of a client that sent no authority).
+    pub host: &'a [u8],
+    /// The other fields, cookies already joined into one (RFC 9113 §8.2.3).
+    pub fields: &'a [(&'a str, &'a [u8])],
+    /// `content-length`, if the client sent one.
+    pub content_length: Option<u64>,
+    /// Whether the request has no body at all (END_STREAM on its HEADERS).
+    pub end_stream: bool,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// `X-Forwarded-Client-Cert` value of a verified client certificate.
+    pub client_cert: Option<String>,
+    /// Request body limit of the route.
+    pub max_body: u64,
+}
+
 /// How an exchange ended.
 #[derive(Debug)]
 pub enum Outcome {
     /// Nothing was sent to the client: answer `status` (and close unless
-    /// `body_done`, i.e. the request body was read whole).
+    /// `body_done`, i.e. the request body was read whole). `status` is
+    /// [`CLIENT_CLOSED`] when the client cancelled: nothing to send then.
     Refused {
-        /// 400, 413, 502, 503 or 504.
+        /// 400, 405, 408, 413, 499, 502, 503 or 504.
         status: u16,
         /// Why, for the access log and metrics.
         reason: &'static str,
@@ -92,7 +188,8 @@ pub enum Outcome {
         keep_client: bool,
     },
     /// The response broke off after its head went out: drop the client
-    /// connection without a clean close.
+    /// connection without a clean close (HTTP/1.1) or reset the stream
+    /// (HTTP/2; the responder has done it).
     Aborted {
         /// The upstream's status.
         status: u16,
@@ -152,6 +249,13 @@ fn dropped(name: &str, fixed: &[&str], named: &[Vec<u8>]) -> bool {
             .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
 }
 
+/// The upstream's response fields a client may see.
+fn response_fields(resp: &ResponseHead) -> impl Iterator<Item = (&str, &[u8])> + '_ {
+    let named = connection_named(resp.headers());
+    resp.headers()
+        .filter(move |(name, _)| !dropped(name, RESPONSE_DROP, &named))
+}
+
 /// Whether a retry may send the request again (RFC 9110 §9.2.2).
 fn idempotent(m: &Method) -> bool {
     matches!(
@@ -175,35 +279,47 @@ fn websocket_upgrade(head: &RequestHead) -> Option<&[u8]> {
         .then_some(upgrade)
 }
 
+/// What the upstream request head is made of, whatever protocol carried
+/// the request.
+struct Outgoing<'a, F> {
+    method: &'a Method,
+    /// Origin-form (or `*`).
+    target: &'a [u8],
+    host: &'a [u8],
+    /// The client's fields, each time anew (read twice).
+    fields: F,
+    /// `Via`'s entry for the client's protocol.
+    via: &'static [u8],
+    /// How the body goes upstream.
+    body: BodyFraming,
+    websocket: Option<&'a [u8]>,
+    peer: SocketAddr,
+    client_cert: Option<&'a str>,
+}
+
 /// The request head as sent upstream.
-fn upstream_head(r: &Request<'_>) -> Vec<u8> {
-    let head = r.head;
-    let mut out = Vec::with_capacity(head.head_len() + 256);
-    out.extend_from_slice(head.method().as_str().as_bytes());
+fn upstream_head<'h, F, I>(o: &Outgoing<'_, F>) -> Vec<u8>
+where
+    F: Fn() -> I,
+    I: Iterator<Item = (&'h str, &'h [u8])>,
+{
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(o.method.as_str().as_bytes());
     out.push(b' ');
-    let target = head.target();
-    if target.first() == Some(&b'/') || target == b"*" {
-        out.extend_from_slice(target);
-    } else {
-        // absolute-form: the upstream gets origin-form and the authority as Host.
-        out.extend_from_slice(head.path());
-        if let Some(q) = head.query() {
-            out.push(b'?');
-            out.extend_from_slice(q);
-        }
-    }
+    out.extend_from_slice(o.target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let host = head.host().unwrap_or_default();
+    let host = o.host;
     write_header(&mut out, "Host", host);
-    let named = connection_named(head.headers());
-    for (name, value) in head.headers() {
-        // The strict parser already refused CR, LF and NUL in values;
-        // checked again here so a change there cannot reach an upstream.
+    let named = connection_named((o.fields)());
+    for (name, value) in (o.fields)() {
+        // The strict parser (and h2's own checks) already refused CR, LF
+        // and NUL in values; checked again here so a change there cannot
+        // reach an upstream.
         if !dropped(name, REQUEST_DROP, &named) && is_field_value(value) {
             write_header(&mut out, name, value);
         }
     }
-    let ip = r.peer.ip();
+    let ip = o.peer.ip();
     // The address as text, formatted once into a stack buffer.
     let mut ip_buf = [0u8; 48];
     let ip_text = {
@@ -237,21 +353,17 @@ fn upstream_head(r: &Request<'_>) -> Vec<u8> {
         fwd.push(b'"');
     }
     write_header(&mut out, "Forwarded", &fwd);
-    let via: &[u8] = match head.version() {
-        Version::Http10 => b"1.0 tlsgate",
-        Version::Http11 => b"1.1 tlsgate",
-    };
-    write_header(&mut out, "Via", via);
-    if let Some(cert) = &r.client_cert {
+    write_header(&mut out, "Via", o.via);
+    if let Some(cert) = o.client_cert {
         if is_field_value(cert.as_bytes()) {
             write_header(&mut out, "X-Forwarded-Client-Cert", cert.as_bytes());
         }
     }
-    if let Some(protocol) = websocket_upgrade(head) {
+    if let Some(protocol) = o.websocket {
         write_header(&mut out, "Upgrade", protocol);
         write_header(&mut out, "Connection", b"upgrade");
     }
-    match head.body() {
+    match o.body {
         BodyFraming::None => {}
         BodyFraming::ContentLength(n) => write_header_u64(&mut out, "Content-Length", n),
         BodyFraming::Chunked => write_header(&mut out, "Transfer-Encoding", b"chunked"),
@@ -260,67 +372,93 @@ fn upstream_head(r: &Request<'_>) -> Vec<u8> {
     out
 }
 
-/// A failure and whether anything of the request body was taken from the client.
+/// The upstream head of an HTTP/1.x request.
+fn http1_head(r: &Request<'_>) -> Vec<u8> {
+    let head = r.head;
+    let target = head.target();
+    // absolute-form: the upstream gets origin-form and the authority as Host.
+    let origin_form;
+    let target = if target.first() == Some(&b'/') || target == b"*" {
+        target
+    } else {
+        let mut t = head.path().to_vec();
+        if let Some(q) = head.query() {
+            t.push(b'?');
+            t.extend_from_slice(q);
+        }
+        origin_form = t;
+        &origin_form
+    };
+    upstream_head(&Outgoing {
+        method: head.method(),
+        target,
+        host: head.host().unwrap_or_default(),
+        fields: || head.headers(),
+        via: match head.version() {
+            Version::Http10 => b"1.0 tlsgate",
+            Version::Http11 => b"1.1 tlsgate",
+        },
+        body: head.body(),
+        websocket: websocket_upgrade(head),
+        peer: r.peer,
+        client_cert: r.client_cert.as_deref(),
+    })
+}
+
+/// The request as the exchange sends it, whatever protocol carried it.
+struct Prepared<'a> {
+    head: Vec<u8>,
+    method: &'a Method,
+    /// How the body goes upstream.
+    framing: BodyFraming,
+    /// The whole body when it is in memory (then it can be sent again).
+    replay: Option<&'a [u8]>,
+    /// The hash key for `balance = "hash"`.
+    key: Option<u64>,
+    /// A WebSocket upgrade was asked for (a 101 may come).
+    upgrade: bool,
+}
+
+/// An upstream's answer: its head read, its body still to come.
+struct Answer<'p> {
+    lease: Lease<'p>,
+    resp: ResponseHead,
+    /// Bytes read past the head.
+    ubuf: Vec<u8>,
+    /// The request body went upstream whole.
+    body_done: bool,
+    server: String,
+}
+
+/// A failure and the server it happened on.
 struct Failed {
     failure: Failure,
     server: Option<usize>,
 }
 
-/// Forwards one request through `pool` and relays the answer. `inbuf`
-/// holds bytes read after the head (the body's start, pipelined
-/// requests); what follows this request's body stays in it. `out` holds
-/// responses not yet sent to the client; it is sent first.
-pub async fn forward<D: Downstream + Send>(
-    pool: &Pool,
-    client: &mut D,
-    inbuf: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-    r: &Request<'_>,
-) -> Outcome {
-    let t0 = Instant::now();
-    let deadline = pool.cfg.total_timeout.map(|d| t0 + d);
-    let head = r.head;
-    let refuse = |status: u16, reason: &'static str, server: Option<String>, body_done: bool| {
-        Outcome::Refused {
-            status,
-            reason,
-            server,
-            body_done,
-        }
-    };
-    if matches!(head.method(), Method::Connect) {
-        return refuse(405, "connect_refused", None, true);
+fn refused(status: u16, reason: &'static str, server: Option<String>, body_done: bool) -> Outcome {
+    Outcome::Refused {
+        status,
+        reason,
+        server,
+        body_done,
     }
-    if let BodyFraming::ContentLength(n) = head.body() {
-        if n > r.max_body {
-            return refuse(413, "body_too_large", None, false);
-        }
-    }
-    if !out.is_empty() && send(client, out, r.send_timeout).await.is_err() {
-        return refuse(502, "client_gone", None, false);
-    }
-    let req_head = upstream_head(r);
-    // A body already here in full can be sent again to another server.
-    let replay: Option<usize> = match head.body() {
-        BodyFraming::None => Some(0),
-        BodyFraming::ContentLength(n) if n as usize <= REPLAY_MAX && n as usize <= inbuf.len() => {
-            Some(n as usize)
-        }
-        _ => None,
-    };
-    let may_retry_sent = idempotent(head.method()) && replay.is_some();
-    let expects_continue = head
-        .header("expect")
-        .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
-        && head.version() == Version::Http11
-        && replay.is_none();
-    let key = pool.hash_key(r.peer.ip(), |name| head.header(name).map(<[u8]>::to_vec));
+}
 
+/// Sends `p` to a server of `pool` (retrying as allowed) with the body
+/// from `body`, and reads the final response head.
+async fn exchange<'p, B: RequestBody>(
+    pool: &'p Pool,
+    p: &Prepared<'_>,
+    body: &mut B,
+    deadline: Option<Instant>,
+) -> Result<Answer<'p>, Outcome> {
+    let may_retry_sent = idempotent(p.method) && p.replay.is_some();
     let mut tried: Vec<usize> = Vec::new();
     let mut last: Option<Failed> = None;
     let attempts = 1 + pool.cfg.retries as usize;
     for attempt in 0..attempts {
-        let Some(mut lease) = pool.choose(&tried, key) else {
+        let Some(mut lease) = pool.choose(&tried, p.key) else {
             break;
         };
         if attempt > 0 {
@@ -352,21 +490,23 @@ pub async fn forward<D: Downstream + Send>(
             break;
         };
         let reused = conn.reused;
-        // The head, with a replayable body, in one write.
-        let mut first = req_head.clone();
-        if let Some(n) = replay {
-            first.extend_from_slice(inbuf.get(..n).unwrap_or_default());
-        }
         let sent_at = Instant::now();
         let wrote = within(
             deadline,
             pool.cfg.idle_timeout,
             Failure::IdleTimeout,
             async {
-                conn.stream
-                    .write_all(&first)
-                    .await
-                    .map_err(|_| Failure::Reset)?;
+                // The head, with a replayable body, in one write.
+                match p.replay {
+                    Some(b) if !b.is_empty() => {
+                        let mut first = Vec::with_capacity(p.head.len() + b.len());
+                        first.extend_from_slice(&p.head);
+                        first.extend_from_slice(b);
+                        conn.stream.write_all(&first).await
+                    }
+                    _ => conn.stream.write_all(&p.head).await,
+                }
+                .map_err(|_| Failure::Reset)?;
                 conn.stream.flush().await.map_err(|_| Failure::Reset)
             },
         )
@@ -391,25 +531,12 @@ pub async fn forward<D: Downstream + Send>(
             }
             break;
         }
-        let mut body_done = replay.is_some();
-        if let Some(n) = replay {
-            inbuf.drain(..n.min(inbuf.len()));
-        } else {
-            if expects_continue
-                && send(
-                    client,
-                    &mut b"HTTP/1.1 100 Continue\r\n\r\n".to_vec(),
-                    r.send_timeout,
-                )
-                .await
-                .is_err()
-            {
-                return refuse(502, "client_gone", server_name(), false);
-            }
-            match send_body(client, inbuf, conn, r, pool, deadline).await {
+        let mut body_done = p.replay.is_some();
+        if !body_done {
+            match send_body(body, p.framing, conn, pool, deadline).await {
                 Ok(()) => body_done = true,
-                Err(BodyError::Client(status, reason)) => {
-                    return refuse(status, reason, server_name(), false);
+                Err(BodyError::Client(r)) => {
+                    return Err(refused(r.status, r.reason, server_name(), false));
                 }
                 // The upstream stopped taking the body: it may have answered.
                 Err(BodyError::Upstream(f)) => {
@@ -417,15 +544,8 @@ pub async fn forward<D: Downstream + Send>(
                 }
             }
         }
-        let upgrade = websocket_upgrade(head).is_some();
-        let response = read_response(
-            conn,
-            head.method() == &Method::Head,
-            upgrade,
-            pool,
-            deadline,
-        )
-        .await;
+        let response =
+            read_response(conn, p.method == &Method::Head, p.upgrade, pool, deadline).await;
         let (resp, ubuf) = match response {
             Ok(x) => x,
             Err(f) => {
@@ -442,42 +562,170 @@ pub async fn forward<D: Downstream + Send>(
                     if reused {
                         tried.pop();
                     }
-                    if replay.is_some() {
-                        // Put the replayable body back for the next try.
-                        let mut again = first.split_off(req_head.len());
-                        again.extend_from_slice(inbuf);
-                        *inbuf = again;
-                    }
                     continue;
                 }
-                return refuse(f.status(), f.reason(), server_name(), body_done);
+                return Err(refused(f.status(), f.reason(), server_name(), body_done));
             }
         };
         pool.succeeded(lease.server, sent_at.elapsed());
-        let server = server_name().unwrap_or_default();
-        if resp.status() == 101 {
-            return tunnel(client, out, inbuf, r, pool, lease, &resp, ubuf, server).await;
-        }
-        return relay(
-            client, out, r, pool, lease, resp, ubuf, body_done, server, deadline,
-        )
-        .await;
+        return Ok(Answer {
+            lease,
+            resp,
+            ubuf,
+            body_done,
+            server: server_name().unwrap_or_default(),
+        });
     }
-    match last {
+    Err(match last {
         Some(Failed { failure, server }) => {
             let server = server
                 .and_then(|i| pool.servers.get(i))
                 .map(|s| s.cfg.address.clone());
-            // Nothing was taken from the client's body unless it was replayable.
-            refuse(
+            // Nothing was taken from the client's body unless it was in memory.
+            refused(
                 failure.status(),
                 failure.reason(),
                 server,
-                replay.is_some() || head.body() == BodyFraming::None,
+                p.replay.is_some(),
             )
         }
-        None => refuse(503, Failure::NoServer.reason(), None, replay.is_some()),
+        None => refused(503, Failure::NoServer.reason(), None, p.replay.is_some()),
+    })
+}
+
+/// Forwards one HTTP/1.x request through `pool` and relays the answer.
+/// `inbuf` holds bytes read after the head (the body's start, pipelined
+/// requests); what follows this request's body stays in it. `out` holds
+/// responses not yet sent to the client; it is sent first.
+pub async fn forward<D: Downstream + Send>(
+    pool: &Pool,
+    client: &mut D,
+    inbuf: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    r: &Request<'_>,
+) -> Outcome {
+    let t0 = Instant::now();
+    let deadline = pool.cfg.total_timeout.map(|d| t0 + d);
+    let head = r.head;
+    if matches!(head.method(), Method::Connect) {
+        return refused(405, "connect_refused", None, true);
     }
+    if let BodyFraming::ContentLength(n) = head.body() {
+        if n > r.max_body {
+            return refused(413, "body_too_large", None, false);
+        }
+    }
+    if !out.is_empty() && send(client, out, r.send_timeout).await.is_err() {
+        return refused(502, "client_gone", None, false);
+    }
+    // A body already here in full is taken now: it can be sent again to
+    // another server, and whatever happens it is never read as a request.
+    let replay: Option<Vec<u8>> = match head.body() {
+        BodyFraming::None => Some(Vec::new()),
+        BodyFraming::ContentLength(n) if n as usize <= REPLAY_MAX && n as usize <= inbuf.len() => {
+            Some(inbuf.drain(..n as usize).collect())
+        }
+        _ => None,
+    };
+    let expects_continue = head
+        .header("expect")
+        .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
+        && head.version() == Version::Http11
+        && replay.is_none();
+    let prepared = Prepared {
+        head: http1_head(r),
+        method: head.method(),
+        framing: head.body(),
+        replay: replay.as_deref(),
+        key: pool.hash_key(r.peer.ip(), |name| head.header(name).map(<[u8]>::to_vec)),
+        upgrade: websocket_upgrade(head).is_some(),
+    };
+    let mut body = Http1Body {
+        client: &mut *client,
+        inbuf: &mut *inbuf,
+        framing: head.body(),
+        left: match head.body() {
+            BodyFraming::ContentLength(n) => n,
+            _ => 0,
+        },
+        decoder: ChunkedDecoder::new(r.max_body, MAX_TRAILER),
+        ended: false,
+        buf: Vec::new(),
+        data: Vec::new(),
+        deadline: None,
+        body_timeout: r.body_timeout,
+        expects_continue,
+        send_timeout: r.send_timeout,
+    };
+    let answer = match exchange(pool, &prepared, &mut body, deadline).await {
+        Ok(a) => a,
+        Err(refusal) => return refusal,
+    };
+    if answer.resp.status() == 101 {
+        return tunnel(client, out, inbuf, r, pool, answer).await;
+    }
+    relay(client, out, r, pool, answer, deadline).await
+}
+
+/// Forwards one request that came as an HTTP/2 stream through `pool`,
+/// its body from `body`, its response through `client`. A client that
+/// cancels ends the exchange at once: the upstream connection is closed,
+/// never reused half-way.
+pub async fn forward_stream<B: RequestBody, S: Responder>(
+    pool: &Pool,
+    r: &StreamRequest<'_>,
+    body: &mut B,
+    client: &mut S,
+) -> Outcome {
+    let t0 = Instant::now();
+    let deadline = pool.cfg.total_timeout.map(|d| t0 + d);
+    // CONNECT (and extended CONNECT, RFC 8441, whose setting is not
+    // offered) would need a tunnel over the stream: not proxied.
+    if matches!(r.method, Method::Connect) {
+        return refused(405, "connect_refused", None, true);
+    }
+    if r.content_length.is_some_and(|n| n > r.max_body) {
+        return refused(413, "body_too_large", None, false);
+    }
+    let framing = match (r.content_length, r.end_stream) {
+        (Some(n), _) => BodyFraming::ContentLength(n),
+        (None, true) => BodyFraming::None,
+        // A body of unknown length goes upstream chunked.
+        (None, false) => BodyFraming::Chunked,
+    };
+    let prepared = Prepared {
+        head: upstream_head(&Outgoing {
+            method: r.method,
+            target: r.target,
+            host: r.host,
+            fields: || r.fields.iter().copied(),
+            via: b"2 tlsgate",
+            body: framing,
+            websocket: None,
+            peer: r.peer,
+            client_cert: r.client_cert.as_deref(),
+        }),
+        method: r.method,
+        framing,
+        replay: r.end_stream.then_some(&[][..]),
+        key: pool.hash_key(r.peer.ip(), |name| {
+            r.fields
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.to_vec())
+        }),
+        upgrade: false,
+    };
+    let answer = tokio::select! {
+        a = exchange(pool, &prepared, body, deadline) => match a {
+            Ok(a) => a,
+            Err(refusal) => return refusal,
+        },
+        () = client.cancelled() => {
+            return refused(CLIENT_CLOSED, SendError::Gone.reason(), None, false);
+        }
+    };
+    relay_stream(client, pool, answer, deadline).await
 }
 
 /// Runs `fut` under `per`, and under the exchange's `deadline` when set.
@@ -510,96 +758,172 @@ async fn send<D: Downstream>(client: &mut D, buf: &mut Vec<u8>, limit: Duration)
 }
 
 enum BodyError {
-    /// The client's fault: answer this status.
-    Client(u16, &'static str),
+    /// The client's fault (or it left).
+    Client(BodyRefused),
     /// Writing to the upstream failed.
     Upstream(Failure),
 }
 
-/// Streams the request body to the upstream: Content-Length bodies as
-/// they are, chunked ones decoded and chunked again (extensions and
-/// trailers dropped), so only well-formed framing reaches the upstream.
-async fn send_body<D: Downstream>(
-    client: &mut D,
-    inbuf: &mut Vec<u8>,
+/// Streams the request body to the upstream, framed as announced:
+/// Content-Length bodies as they are (exactly that long), others chunked
+/// (extensions and trailers dropped), so only well-formed framing reaches
+/// the upstream.
+async fn send_body<B: RequestBody>(
+    body: &mut B,
+    framing: BodyFraming,
     conn: &mut UpstreamConn,
-    r: &Request<'_>,
     pool: &Pool,
     deadline: Option<Instant>,
 ) -> Result<(), BodyError> {
-    let client_deadline = Instant::now() + r.body_timeout;
-    let mut buf = vec![0u8; CHUNK];
-    match r.head.body() {
-        BodyFraming::None => Ok(()),
-        BodyFraming::ContentLength(total) => {
-            let have = usize::try_from(total)
-                .unwrap_or(usize::MAX)
-                .min(inbuf.len());
-            let mut left = total - have as u64;
-            let first: Vec<u8> = inbuf.drain(..have).collect();
-            if !first.is_empty() {
-                up_write(conn, &first, pool, deadline)
-                    .await
-                    .map_err(BodyError::Upstream)?;
-            }
-            while left > 0 {
-                let want = usize::try_from(left).map_or(CHUNK, |l| l.min(CHUNK));
-                let n = read_client(
-                    client,
-                    buf.get_mut(..want).unwrap_or_default(),
-                    client_deadline,
-                )
-                .await?;
-                left -= n as u64;
-                up_write(conn, buf.get(..n).unwrap_or_default(), pool, deadline)
-                    .await
-                    .map_err(BodyError::Upstream)?;
-            }
-            conn.stream
-                .flush()
-                .await
-                .map_err(|_| BodyError::Upstream(Failure::Reset))
+    let chunked = framing == BodyFraming::Chunked;
+    let announced = match framing {
+        BodyFraming::ContentLength(n) => Some(n),
+        BodyFraming::None => Some(0),
+        BodyFraming::Chunked => None,
+    };
+    // A body that does not match its announced length would desync the
+    // upstream connection: cut off, never sent on.
+    let mismatch = BodyError::Client(BodyRefused {
+        status: 400,
+        reason: "bad_body_length",
+    });
+    let mut total: u64 = 0;
+    let mut framed = Vec::new();
+    loop {
+        let Some(data) = body.next().await.map_err(BodyError::Client)? else {
+            break;
+        };
+        // An empty chunk would end a chunked body.
+        if data.is_empty() {
+            continue;
         }
-        BodyFraming::Chunked => {
-            let mut decoder = ChunkedDecoder::new(r.max_body, MAX_TRAILER);
-            let mut data = Vec::with_capacity(CHUNK);
-            loop {
-                data.clear();
-                let d = decoder.decode(inbuf, &mut data).map_err(|e| {
-                    BodyError::Client(
-                        e.status(),
-                        if e.status() == 413 {
+        total += data.len() as u64;
+        if announced.is_some_and(|n| total > n) {
+            return Err(mismatch);
+        }
+        let bytes = if chunked {
+            framed.clear();
+            framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            framed.extend_from_slice(data);
+            framed.extend_from_slice(b"\r\n");
+            &framed[..]
+        } else {
+            data
+        };
+        up_write(conn, bytes, pool, deadline)
+            .await
+            .map_err(BodyError::Upstream)?;
+    }
+    if announced.is_some_and(|n| total != n) {
+        return Err(mismatch);
+    }
+    if chunked {
+        up_write(conn, b"0\r\n\r\n", pool, deadline)
+            .await
+            .map_err(BodyError::Upstream)?;
+    }
+    conn.stream
+        .flush()
+        .await
+        .map_err(|_| BodyError::Upstream(Failure::Reset))
+}
+
+/// The body of an HTTP/1.x request: read from the connection after its
+/// head, Content-Length bodies as they come, chunked ones decoded.
+struct Http1Body<'a, D> {
+    client: &'a mut D,
+    inbuf: &'a mut Vec<u8>,
+    framing: BodyFraming,
+    /// Content-Length bytes still to read.
+    left: u64,
+    decoder: ChunkedDecoder,
+    ended: bool,
+    buf: Vec<u8>,
+    data: Vec<u8>,
+    /// Set at the first read: `body_timeout` from then.
+    deadline: Option<Instant>,
+    body_timeout: Duration,
+    /// `Expect: 100-continue` asked for, not yet answered.
+    expects_continue: bool,
+    send_timeout: Duration,
+}
+
+impl<D: Downstream + Send> RequestBody for Http1Body<'_, D> {
+    async fn next(&mut self) -> Result<Option<&[u8]>, BodyRefused> {
+        if self.expects_continue {
+            // A server is there and has the head: the client may send.
+            self.expects_continue = false;
+            let mut interim = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
+            if send(self.client, &mut interim, self.send_timeout)
+                .await
+                .is_err()
+            {
+                return Err(BodyRefused {
+                    status: 502,
+                    reason: "client_gone",
+                });
+            }
+        }
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| Instant::now() + self.body_timeout);
+        if self.buf.is_empty() {
+            self.buf.resize(CHUNK, 0);
+        }
+        match self.framing {
+            BodyFraming::None => Ok(None),
+            BodyFraming::ContentLength(_) => {
+                if self.left == 0 {
+                    return Ok(None);
+                }
+                let want = usize::try_from(self.left).map_or(CHUNK, |l| l.min(CHUNK));
+                let n = if self.inbuf.is_empty() {
+                    read_client(
+                        self.client,
+                        self.buf.get_mut(..want).unwrap_or_default(),
+                        deadline,
+                    )
+                    .await?
+                } else {
+                    let n = want.min(self.inbuf.len());
+                    self.buf
+                        .get_mut(..n)
+                        .unwrap_or_default()
+                        .copy_from_slice(self.inbuf.get(..n).unwrap_or_default());
+                    self.inbuf.drain(..n);
+                    n
+                };
+                self.left -= n as u64;
+                Ok(self.buf.get(..n))
+            }
+            BodyFraming::Chunked => loop {
+                if self.ended {
+                    return Ok(None);
+                }
+                self.data.clear();
+                let d = self
+                    .decoder
+                    .decode(self.inbuf, &mut self.data)
+                    .map_err(|e| BodyRefused {
+                        status: e.status(),
+                        reason: if e.status() == 413 {
                             "body_too_large"
                         } else {
                             "bad_chunked_body"
                         },
-                    )
-                })?;
-                inbuf.drain(..d.consumed.min(inbuf.len()));
-                let mut framed = Vec::with_capacity(data.len() + 16);
-                if !data.is_empty() {
-                    framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-                    framed.extend_from_slice(&data);
-                    framed.extend_from_slice(b"\r\n");
+                    })?;
+                self.inbuf.drain(..d.consumed.min(self.inbuf.len()));
+                self.ended = d.done;
+                if !self.data.is_empty() {
+                    return Ok(Some(&self.data));
                 }
                 if d.done {
-                    framed.extend_from_slice(b"0\r\n\r\n");
+                    return Ok(None);
                 }
-                if !framed.is_empty() {
-                    up_write(conn, &framed, pool, deadline)
-                        .await
-                        .map_err(BodyError::Upstream)?;
-                }
-                if d.done {
-                    return conn
-                        .stream
-                        .flush()
-                        .await
-                        .map_err(|_| BodyError::Upstream(Failure::Reset));
-                }
-                let n = read_client(client, &mut buf, client_deadline).await?;
-                inbuf.extend_from_slice(buf.get(..n).unwrap_or_default());
-            }
+                let n = read_client(self.client, &mut self.buf, deadline).await?;
+                self.inbuf
+                    .extend_from_slice(self.buf.get(..n).unwrap_or_default());
+            },
         }
     }
 }
@@ -624,11 +948,17 @@ async fn read_client<D: Downstream>(
     client: &mut D,
     buf: &mut [u8],
     deadline: Instant,
-) -> Result<usize, BodyError> {
+) -> Result<usize, BodyRefused> {
     match timeout_at(deadline.into(), client.read(buf)).await {
         Ok(Ok(n)) if n > 0 => Ok(n),
-        Ok(_) => Err(BodyError::Client(400, "client_gone")),
-        Err(_) => Err(BodyError::Client(408, "body_timeout")),
+        Ok(_) => Err(BodyRefused {
+            status: 400,
+            reason: "client_gone",
+        }),
+        Err(_) => Err(BodyRefused {
+            status: 408,
+            reason: "body_timeout",
+        }),
     }
 }
 
@@ -696,20 +1026,150 @@ async fn read_response(
     Ok((head, ubuf))
 }
 
-/// Sends the response head and streams the body to the client.
-#[allow(clippy::too_many_arguments)]
+/// A response body read off the upstream connection, its framing
+/// checked, whatever the client's protocol does with it.
+struct UpBody {
+    framing: ResponseFraming,
+    /// Content-Length bytes still to come.
+    left: u64,
+    decoder: ChunkedDecoder,
+    /// Read and not yet decoded (chunked), or not yet handed on.
+    input: Vec<u8>,
+    /// Whether the connection may serve another request afterwards.
+    reusable: bool,
+}
+
+impl UpBody {
+    /// `ubuf`: what came with the head. `reusable`: what the exchange
+    /// allows so far (keep-alive, the request sent whole).
+    fn new(framing: ResponseFraming, ubuf: Vec<u8>, reusable: bool) -> Self {
+        Self {
+            framing,
+            left: match framing {
+                ResponseFraming::Length(n) => n,
+                _ => 0,
+            },
+            decoder: ChunkedDecoder::new(u64::MAX, MAX_TRAILER),
+            input: ubuf,
+            reusable,
+        }
+    }
+
+    /// Appends more of the body to `out`, reading the upstream only when
+    /// nothing is buffered; `true` once the body has ended.
+    async fn read(
+        &mut self,
+        conn: &mut UpstreamConn,
+        pool: &Pool,
+        deadline: Option<Instant>,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, Failure> {
+        let idle = pool.cfg.idle_timeout;
+        match self.framing {
+            ResponseFraming::None => {
+                self.reusable &= self.input.is_empty();
+                Ok(true)
+            }
+            ResponseFraming::Length(_) => {
+                if !self.input.is_empty() {
+                    let take = usize::try_from(self.left)
+                        .unwrap_or(usize::MAX)
+                        .min(self.input.len());
+                    out.extend_from_slice(self.input.get(..take).unwrap_or_default());
+                    // Bytes past the announced length: the framing is in doubt.
+                    if take < self.input.len() {
+                        self.reusable = false;
+                    }
+                    self.input.clear();
+                    self.left -= take as u64;
+                    return Ok(self.left == 0);
+                }
+                if self.left == 0 {
+                    return Ok(true);
+                }
+                let want = usize::try_from(self.left).map_or(CHUNK, |l| l.min(CHUNK));
+                out.reserve(want);
+                let n = within(deadline, idle, Failure::IdleTimeout, async {
+                    // Never past the body: what follows stays on the socket
+                    // (and an idle connection with unasked bytes is dropped).
+                    (&mut conn.stream)
+                        .take(want as u64)
+                        .read_buf(out)
+                        .await
+                        .map_err(|_| Failure::Truncated)
+                })
+                .await?;
+                if n == 0 {
+                    return Err(Failure::Truncated);
+                }
+                self.left -= n as u64;
+                Ok(self.left == 0)
+            }
+            ResponseFraming::Chunked => {
+                let at = out.len();
+                loop {
+                    let d = self.decoder.decode(&self.input, out).map_err(|e| {
+                        tracing::debug!("upstream chunked body refused: {e}");
+                        Failure::BadResponse
+                    })?;
+                    self.input.drain(..d.consumed.min(self.input.len()));
+                    if d.done {
+                        self.reusable &= self.input.is_empty();
+                        return Ok(true);
+                    }
+                    if out.len() > at {
+                        return Ok(false);
+                    }
+                    self.input.reserve(CHUNK);
+                    let n = within(deadline, idle, Failure::IdleTimeout, async {
+                        conn.stream
+                            .read_buf(&mut self.input)
+                            .await
+                            .map_err(|_| Failure::Truncated)
+                    })
+                    .await?;
+                    if n == 0 {
+                        return Err(Failure::Truncated);
+                    }
+                }
+            }
+            ResponseFraming::UntilClose => {
+                self.reusable = false;
+                if !self.input.is_empty() {
+                    out.append(&mut self.input);
+                    return Ok(false);
+                }
+                out.reserve(CHUNK);
+                let n = within(deadline, idle, Failure::IdleTimeout, async {
+                    (&mut conn.stream)
+                        .take(CHUNK as u64)
+                        .read_buf(out)
+                        .await
+                        .map_err(|_| Failure::Truncated)
+                })
+                .await?;
+                Ok(n == 0)
+            }
+        }
+    }
+}
+
+/// Sends the response head and streams the body to an HTTP/1.x client.
 async fn relay<D: Downstream>(
     client: &mut D,
     out: &mut Vec<u8>,
     r: &Request<'_>,
     pool: &Pool,
-    mut lease: Lease<'_>,
-    resp: ResponseHead,
-    mut ubuf: Vec<u8>,
-    body_done: bool,
-    server: String,
+    answer: Answer<'_>,
     deadline: Option<Instant>,
 ) -> Outcome {
+    let Answer {
+        mut lease,
+        resp,
+        ubuf,
+        body_done,
+        server,
+    } = answer;
     let status = resp.status();
     let framing = resp.framing();
     let http10_client = r.head.version() == Version::Http10;
@@ -719,13 +1179,11 @@ async fn relay<D: Downstream>(
     );
     // A 1.0 client cannot take chunked: the body then ends with the connection.
     let close_delimited = reframe && http10_client;
+    let chunked = reframe && !close_delimited;
     let keep_client = r.keep_alive && body_done && !close_delimited;
     write_status_line(out, status);
-    let named = connection_named(resp.headers());
-    for (name, value) in resp.headers() {
-        if !dropped(name, RESPONSE_DROP, &named) {
-            write_header(out, name, value);
-        }
+    for (name, value) in response_fields(&resp) {
+        write_header(out, name, value);
     }
     match framing {
         ResponseFraming::Length(n) => write_header_u64(out, "Content-Length", n),
@@ -753,129 +1211,68 @@ async fn relay<D: Downstream>(
             reason: "internal",
         };
     };
-    let idle = pool.cfg.idle_timeout;
+    // A request not sent whole leaves the upstream waiting for the rest:
+    // that connection can serve nothing else.
+    let mut body = UpBody::new(framing, ubuf, resp.keep_alive() && body_done);
     let mut sent: u64 = 0;
-    // Only bodies longer than what came with the head need it.
-    let mut buf: Vec<u8> = Vec::new();
-    let abort = |sent: u64, f: &'static str| Outcome::Aborted {
-        status,
-        body_bytes: sent,
-        server: server.clone(),
-        reason: f,
-    };
-    // Reads more of the body from the upstream; 0 at its end.
-    macro_rules! up_read {
-        () => {
-            match within(deadline, idle, Failure::IdleTimeout, async {
-                if buf.is_empty() {
-                    buf.resize(CHUNK, 0);
-                }
-                conn.stream
-                    .read(&mut buf)
-                    .await
-                    .map_err(|_| Failure::Truncated)
-            })
-            .await
-            {
-                Ok(n) => n,
-                Err(f) => {
-                    pool.failed(lease.server, f);
-                    return abort(sent, f.reason());
-                }
-            }
+    let mut data = Vec::new();
+    loop {
+        // Chunks are decoded into `data` and framed again; other bodies
+        // go straight into `out`.
+        let at = out.len();
+        let step = if chunked {
+            data.clear();
+            body.read(&mut conn, pool, deadline, &mut data).await
+        } else {
+            body.read(&mut conn, pool, deadline, out).await
         };
-    }
-    macro_rules! to_client {
-        () => {
-            if send(client, out, r.send_timeout).await.is_err() {
-                return abort(sent, "client_gone");
-            }
-        };
-    }
-    let mut reusable = resp.keep_alive();
-    match framing {
-        ResponseFraming::None => {
-            to_client!();
-            reusable &= ubuf.is_empty();
-        }
-        ResponseFraming::Length(total) => {
-            let have = usize::try_from(total).unwrap_or(usize::MAX).min(ubuf.len());
-            out.extend(ubuf.drain(..have));
-            sent += have as u64;
-            // Bytes past the announced length: the framing is in doubt.
-            reusable &= ubuf.is_empty();
-            to_client!();
-            while sent < total {
-                let n = up_read!();
-                if n == 0 {
-                    pool.failed(lease.server, Failure::Truncated);
-                    return abort(sent, Failure::Truncated.reason());
+        let done = match step {
+            Ok(done) => done,
+            Err(f) => {
+                pool.failed(lease.server, f);
+                // What was read before the failure (the head, at least)
+                // still goes out: the cut shows as a short body.
+                if !out.is_empty() {
+                    let _ = send(client, out, r.send_timeout).await;
                 }
-                let take = usize::try_from(total - sent).map_or(n, |l| l.min(n));
-                if take < n {
-                    reusable = false;
-                }
-                out.extend_from_slice(buf.get(..take).unwrap_or_default());
-                sent += take as u64;
-                to_client!();
-            }
-        }
-        ResponseFraming::Chunked => {
-            let mut decoder = ChunkedDecoder::new(u64::MAX, MAX_TRAILER);
-            let mut data = Vec::with_capacity(CHUNK);
-            let mut input = std::mem::take(&mut ubuf);
-            loop {
-                data.clear();
-                let d = match decoder.decode(&input, &mut data) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        tracing::debug!("upstream chunked body refused: {e}");
-                        pool.failed(lease.server, Failure::BadResponse);
-                        return abort(sent, Failure::BadResponse.reason());
-                    }
+                return Outcome::Aborted {
+                    status,
+                    body_bytes: sent,
+                    server,
+                    reason: f.reason(),
                 };
-                input.drain(..d.consumed.min(input.len()));
-                sent += data.len() as u64;
-                put_body(out, &data, !close_delimited);
-                if d.done {
-                    if !close_delimited {
-                        out.extend_from_slice(b"0\r\n\r\n");
-                    }
-                    reusable &= input.is_empty();
-                    to_client!();
-                    break;
-                }
-                to_client!();
-                let n = up_read!();
-                if n == 0 {
-                    pool.failed(lease.server, Failure::Truncated);
-                    return abort(sent, Failure::Truncated.reason());
-                }
-                input.extend_from_slice(buf.get(..n).unwrap_or_default());
             }
+        };
+        if chunked {
+            sent += data.len() as u64;
+            put_body(out, &data);
+        } else {
+            sent += (out.len() - at) as u64;
         }
-        ResponseFraming::UntilClose => {
-            reusable = false;
-            let first = std::mem::take(&mut ubuf);
-            sent += first.len() as u64;
-            put_body(out, &first, !close_delimited);
-            to_client!();
-            loop {
-                let n = up_read!();
-                if n == 0 {
-                    break;
-                }
-                sent += n as u64;
-                put_body(out, buf.get(..n).unwrap_or_default(), !close_delimited);
-                to_client!();
-            }
-            if !close_delimited {
-                out.extend_from_slice(b"0\r\n\r\n");
-                to_client!();
-            }
+        if done {
+            break;
+        }
+        if send(client, out, r.send_timeout).await.is_err() {
+            return Outcome::Aborted {
+                status,
+                body_bytes: sent,
+                server,
+                reason: "client_gone",
+            };
         }
     }
-    if reusable {
+    if chunked {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    if send(client, out, r.send_timeout).await.is_err() {
+        return Outcome::Aborted {
+            status,
+            body_bytes: sent,
+            server,
+            reason: "client_gone",
+        };
+    }
+    if body.reusable {
         pool.check_in(conn);
     }
     Outcome::Relayed {
@@ -886,35 +1283,114 @@ async fn relay<D: Downstream>(
     }
 }
 
-/// Appends body bytes, as one chunk when `chunked`.
-fn put_body(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
+/// Appends body bytes as one chunk.
+fn put_body(out: &mut Vec<u8>, data: &[u8]) {
     if data.is_empty() {
         return;
     }
-    if chunked {
-        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-        out.extend_from_slice(data);
-        out.extend_from_slice(b"\r\n");
-    } else {
-        out.extend_from_slice(data);
+    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Sends the response head and streams the body to a client that frames
+/// them itself (an HTTP/2 stream). Each read of the upstream waits until
+/// the client took the previous bytes; a client that cancels meanwhile
+/// ends the exchange at once.
+async fn relay_stream<S: Responder>(
+    client: &mut S,
+    pool: &Pool,
+    answer: Answer<'_>,
+    deadline: Option<Instant>,
+) -> Outcome {
+    let Answer {
+        mut lease,
+        resp,
+        ubuf,
+        body_done,
+        server,
+    } = answer;
+    let status = resp.status();
+    let framing = resp.framing();
+    let length = match framing {
+        ResponseFraming::Length(n) => Some(n.to_string().into_bytes()),
+        // HEAD and 304 answers keep the length they describe.
+        ResponseFraming::None => resp.header("content-length").map(<[u8]>::to_vec),
+        _ => None,
+    };
+    let mut fields = response_fields(&resp).chain(length.as_deref().map(|l| ("content-length", l)));
+    let aborted = |sent: u64, reason: &'static str| Outcome::Aborted {
+        status,
+        body_bytes: sent,
+        server: server.clone(),
+        reason,
+    };
+    let no_body = framing == ResponseFraming::None;
+    if let Err(e) = client.head(status, &mut fields, no_body) {
+        return refused(CLIENT_CLOSED, e.reason(), Some(server.clone()), body_done);
+    }
+    let Some(mut conn) = lease.conn.take() else {
+        client.abort();
+        return aborted(0, "internal");
+    };
+    let mut body = UpBody::new(framing, ubuf, resp.keep_alive() && body_done);
+    let mut sent: u64 = 0;
+    loop {
+        let mut data = Vec::new();
+        let step = tokio::select! {
+            step = body.read(&mut conn, pool, deadline, &mut data) => step,
+            () = client.cancelled() => return aborted(sent, SendError::Gone.reason()),
+        };
+        let done = match step {
+            Ok(done) => done,
+            Err(f) => {
+                pool.failed(lease.server, f);
+                client.abort();
+                return aborted(sent, f.reason());
+            }
+        };
+        sent += data.len() as u64;
+        // The last piece carries the end of the stream (an empty DATA
+        // frame when nothing is left); a response without a body ended
+        // with its head.
+        if (!data.is_empty() || done) && !no_body {
+            if let Err(e) = client.data(data, done).await {
+                return aborted(sent, e.reason());
+            }
+        }
+        if done {
+            break;
+        }
+    }
+    if body.reusable {
+        pool.check_in(conn);
+    }
+    Outcome::Relayed {
+        status,
+        body_bytes: sent,
+        server,
+        keep_client: true,
     }
 }
 
 /// After a 101 to a WebSocket upgrade: the switch relayed, then bytes
 /// copied both ways until either side closes or both stay silent for the
 /// pool's `idle_timeout`. The client connection ends with the tunnel.
-#[allow(clippy::too_many_arguments)]
 async fn tunnel<D: Downstream>(
     client: &mut D,
     out: &mut Vec<u8>,
     inbuf: &mut Vec<u8>,
     r: &Request<'_>,
     pool: &Pool,
-    mut lease: Lease<'_>,
-    resp: &ResponseHead,
-    ubuf: Vec<u8>,
-    server: String,
+    answer: Answer<'_>,
 ) -> Outcome {
+    let Answer {
+        mut lease,
+        resp,
+        ubuf,
+        server,
+        ..
+    } = answer;
     let accepted = resp
         .header("upgrade")
         .is_some_and(|u| u.eq_ignore_ascii_case(b"websocket"));
@@ -928,11 +1404,8 @@ async fn tunnel<D: Downstream>(
         };
     };
     write_status_line(out, 101);
-    let named = connection_named(resp.headers());
-    for (name, value) in resp.headers() {
-        if !dropped(name, RESPONSE_DROP, &named) {
-            write_header(out, name, value);
-        }
+    for (name, value) in response_fields(&resp) {
+        write_header(out, name, value);
     }
     write_header(out, "Upgrade", b"websocket");
     write_header(out, "Connection", b"upgrade");
@@ -1012,7 +1485,7 @@ mod tests {
             send_timeout: Duration::from_secs(1),
             keep_alive: true,
         };
-        String::from_utf8(upstream_head(&r)).unwrap()
+        String::from_utf8(http1_head(&r)).unwrap()
     }
 
     #[test]
@@ -1033,6 +1506,33 @@ mod tests {
         assert!(
             long.contains("\r\nX-Real-IP: ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff\r\n"),
             "{long}"
+        );
+    }
+
+    #[test]
+    fn stream_requests_are_framed_for_http11_and_never_carry_cr_lf_or_hop_fields() {
+        let fields: &[(&str, &[u8])] = &[
+            ("te", b"trailers"),
+            ("x-forwarded-for", b"6.6.6.6"),
+            ("x-evil", b"a\r\nInjected: 1"),
+            ("x-nul", b"a\0b"),
+            ("cookie", b"a=1; b=2"),
+        ];
+        let o = Outgoing {
+            method: &Method::Post,
+            target: b"/up?x=1",
+            host: b"app.test",
+            fields: || fields.iter().copied(),
+            via: b"2 tlsgate",
+            body: BodyFraming::Chunked,
+            websocket: None,
+            peer: "192.0.2.7:5555".parse().unwrap(),
+            client_cert: None,
+        };
+        let head = String::from_utf8(upstream_head(&o)).unwrap();
+        assert_eq!(
+            head,
+            "POST /up?x=1 HTTP/1.1\r\nHost: app.test\r\ncookie: a=1; b=2\r\nX-Forwarded-For: 192.0.2.7\r\nX-Real-IP: 192.0.2.7\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: app.test\r\nForwarded: for=192.0.2.7;proto=https;host=\"app.test\"\r\nVia: 2 tlsgate\r\nTransfer-Encoding: chunked\r\n\r\n"
         );
     }
 }

@@ -24,6 +24,9 @@ mod route;
 mod tls;
 
 pub use error::Failure;
-pub use forward::{forward, Downstream, Outcome, Request};
+pub use forward::{
+    forward, forward_stream, BodyRefused, Downstream, Outcome, Request, RequestBody, Responder,
+    SendError, StreamRequest, CLIENT_CLOSED,
+};
 pub use pool::{Pool, Pools};
 pub use route::{Entry, Router, Target};

@@ -17,6 +17,7 @@
 //! worker's deadline.
 
 mod guard;
+mod proxy;
 
 use std::fs::File;
 use std::future::poll_fn;
@@ -163,7 +164,12 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                             served += 1;
                             m.h2_streams.inc();
                             streams.push(serve_stream(cx, req, respond));
-                            if served >= limits.max_requests_per_connection && !draining {
+                            // After a reload the connection's streams still
+                            // meet the old generation (its pools, its files):
+                            // GOAWAY brings the client back to the new one.
+                            let retire = served >= limits.max_requests_per_connection
+                                || crate::proxy::reloaded(cx);
+                            if retire && !draining {
                                 connection.graceful_shutdown();
                                 draining = true;
                             }
@@ -251,11 +257,16 @@ impl Drop for OpenStream<'_> {
 
 /// A request header's value; repeated fields joined with ", " (RFC 9110 §5.3).
 fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
+    joined_with(headers, name, b", ")
+}
+
+/// A request header's fields joined with `sep` (cookies take "; ").
+fn joined_with(headers: &HeaderMap, name: &HeaderName, sep: &[u8]) -> Option<Vec<u8>> {
     let mut values = headers.get_all(name).iter();
     let first = values.next()?;
     let mut out = first.as_bytes().to_vec();
     for v in values {
-        out.extend_from_slice(b", ");
+        out.extend_from_slice(sep);
         out.extend_from_slice(v.as_bytes());
     }
     Some(out)
@@ -330,17 +341,33 @@ async fn serve_stream(
         upstream_error: None,
     };
     let is_head = method == Method::Head;
-    // The proxy speaks HTTP/1.1 to clients only: a listener with routes to
-    // upstream pools does not offer h2 (config validation), so a stream
-    // routed to a pool is a config this code does not expect: 502.
     let authority = parts
         .uri
         .authority()
         .map(|a| a.as_str().as_bytes())
         .or_else(|| h.get(http::header::HOST).map(HeaderValue::as_bytes));
     let root = match crate::proxy::route_to(cx, authority, path) {
-        crate::proxy::Routed::Root(root) => Some(root),
-        crate::proxy::Routed::Pool(..) => None,
+        crate::proxy::Routed::Root(root) => root,
+        crate::proxy::Routed::Pool(pool, max_body) => {
+            // The proxy reads the body itself, as it goes upstream.
+            let answered = proxy::serve(cx, &parts, &method, body, respond, (pool, max_body)).await;
+            let logged = Logged {
+                upstream: answered.note.server.as_deref(),
+                upstream_error: answered.note.reason,
+                ..logged
+            };
+            respond::log_request(
+                cx,
+                PROTOCOL,
+                false,
+                &logged,
+                answered.status,
+                answered.body_bytes,
+                t0,
+                wall,
+            );
+            return;
+        }
     };
 
     // A body is read (and discarded) within the body limits whatever the
@@ -353,23 +380,11 @@ async fn serve_stream(
     };
     // `OPTIONS *` gets 405 like any other method; a GET whose `:path`
     // does not start with `/` gets 400 from the core.
-    let reply = refused.unwrap_or_else(|| match root {
-        Some(root) => decide(cx, root, &request(&method, &parts.uri, path, &conditionals)),
-        None => Reply::text(502),
-    });
+    let reply = refused
+        .unwrap_or_else(|| decide(cx, root, &request(&method, &parts.uri, path, &conditionals)));
     let status = reply.status();
     let body_len = if is_head { 0 } else { reply.body_len() };
-    let mut head = Response::new(());
-    *head.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
-    let headers = head.headers_mut();
-    reply.headers(cx.gen, |name, value| {
-        // Our own names and values: always valid (a redirect's query
-        // came through h2's URI check).
-        if let (Some(n), Ok(v)) = (response_header(name), HeaderValue::from_bytes(value)) {
-            headers.append(n, v);
-        }
-    });
-    let sent = match respond.send_response(head, body_len == 0) {
+    let sent = match respond.send_response(reply_head(&reply, cx), body_len == 0) {
         Ok(mut send) if body_len > 0 => match &reply {
             Reply::File {
                 file, start, len, ..
@@ -403,6 +418,46 @@ async fn serve_stream(
         Err(Broken::Read) => 0,
     };
     respond::log_request(cx, PROTOCOL, false, &logged, status, body_bytes, t0, wall);
+}
+
+/// The HTTP/2 response head of one of the core's replies.
+fn reply_head(reply: &Reply, cx: &HttpCtx<'_>) -> Response<()> {
+    let mut head = Response::new(());
+    *head.status_mut() = http::StatusCode::from_u16(reply.status()).unwrap_or(http::StatusCode::OK);
+    let headers = head.headers_mut();
+    reply.headers(cx.gen, |name, value| {
+        // Our own names and values: always valid (a redirect's query
+        // came through h2's URI check).
+        if let (Some(n), Ok(v)) = (response_header(name), HeaderValue::from_bytes(value)) {
+            headers.append(n, v);
+        }
+    });
+    head
+}
+
+/// Answers a stream with a short text reply of `status`; the body bytes sent.
+fn send_text(
+    respond: &mut SendResponse<Bytes>,
+    status: u16,
+    is_head: bool,
+    cx: &HttpCtx<'_>,
+) -> u64 {
+    let reply = Reply::text(status);
+    let len = if is_head { 0 } else { reply.body_len() };
+    match respond.send_response(reply_head(&reply, cx), len == 0) {
+        Ok(mut send) if len > 0 => {
+            let mut text = Vec::with_capacity(32);
+            reply.write_text_body(&mut text);
+            match send.send_data(Bytes::from(text), true) {
+                Ok(()) => {
+                    cx.shared.metrics.bytes_sent.inc_by(len);
+                    len
+                }
+                Err(_) => 0,
+            }
+        }
+        _ => 0,
+    }
 }
 
 /// The core's request from a stream's pieces.

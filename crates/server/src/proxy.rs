@@ -46,6 +46,30 @@ pub(crate) fn route_to<'g>(cx: &HttpCtx<'g>, host: Option<&[u8]>, path: &[u8]) -
     }
 }
 
+/// Whether a configuration was loaded after this connection's: its
+/// requests still meet the old pools, so its client is asked to come back.
+pub(crate) fn reloaded(cx: &HttpCtx<'_>) -> bool {
+    !std::ptr::eq(&**cx.shared.current.load(), cx.gen)
+}
+
+/// Counts a proxied request answered with an error of the proxy's
+/// (502, 503, 504), whatever the client's protocol.
+pub(crate) fn count_refusal(cx: &HttpCtx<'_>, pool: &Pool, status: u16, reason: &'static str) {
+    if status >= 500 {
+        cx.shared
+            .metrics
+            .proxy
+            .proxy_errors
+            .get_or_create(&ProxyErrorLabels {
+                pool: pool.name().to_string(),
+                status,
+                reason,
+            })
+            .inc();
+        tracing::debug!(peer = %cx.peer, pool = %pool.name(), "{status}: {reason}");
+    }
+}
+
 /// The client connection as tlsgate-proxy sees it.
 struct Client<'a, T>(&'a mut T);
 
@@ -76,8 +100,7 @@ pub(crate) async fn serve<T: Transport + Send>(
     // accepted under; its client is asked to come back (Connection:
     // close), so that its next requests meet the new pools, as nginx's
     // old workers do with keep-alive connections.
-    let reloaded = !std::ptr::eq(&**cx.shared.current.load(), cx.gen);
-    let keep_alive = keep_alive && !reloaded;
+    let keep_alive = keep_alive && !reloaded(cx);
     let req = Request {
         head,
         peer: cx.peer,
@@ -110,19 +133,7 @@ pub(crate) async fn serve<T: Transport + Send>(
             server,
             body_done,
         } => {
-            if status >= 500 {
-                cx.shared
-                    .metrics
-                    .proxy
-                    .proxy_errors
-                    .get_or_create(&ProxyErrorLabels {
-                        pool: pool.name().to_string(),
-                        status,
-                        reason,
-                    })
-                    .inc();
-                tracing::debug!(peer = %cx.peer, pool = %pool.name(), "{status}: {reason}");
-            }
+            count_refusal(cx, pool, status, reason);
             let keep = keep_alive && body_done;
             let body_bytes = simple(
                 out,

@@ -3,6 +3,8 @@
 //! (curl, openssl s_client, a rustls client, raw TCP).
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
+pub mod upstream;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

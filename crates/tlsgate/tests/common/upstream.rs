@@ -1,0 +1,383 @@
+//! Upstreams for the proxy tests: an HTTP/1.1 server of the tests' own
+//! (plain or TLS, keep-alive, behaviour chosen by path) and Python's
+//! http.server as a peer not written in Rust, with the config pieces that
+//! route to them. Shared by tests/proxy.rs and tests/h2_proxy.rs.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rustls::{ServerConfig, ServerConnection, StreamOwned};
+
+use super::{Fixture, Server};
+
+// ---------------------------------------------------------------------
+// A test upstream: HTTP/1.1 with keep-alive, behaviour chosen by path.
+// ---------------------------------------------------------------------
+
+pub trait Io: Read + Write + Send {}
+impl<T: Read + Write + Send> Io for T {}
+
+/// A running test upstream.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    /// Complete requests it read.
+    pub requests: Arc<AtomicUsize>,
+    /// Connections it accepted.
+    pub conns: Arc<AtomicUsize>,
+    /// Connections that ended (closed by either side).
+    pub closed: Arc<AtomicUsize>,
+    /// Set to stop: the listener closes and every connection with it.
+    pub stop: Arc<AtomicBool>,
+    /// What `/health` answers.
+    pub healthy: Arc<AtomicBool>,
+    /// The last request head it read.
+    pub last_head: Arc<Mutex<String>>,
+}
+
+impl Upstream {
+    pub fn start(name: &str, tls: Option<Arc<ServerConfig>>) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let up = Upstream {
+            addr: listener.local_addr().unwrap(),
+            requests: Arc::default(),
+            conns: Arc::default(),
+            closed: Arc::default(),
+            stop: Arc::default(),
+            healthy: Arc::new(AtomicBool::new(true)),
+            last_head: Arc::default(),
+        };
+        let (name, requests, conns, closed, stop, healthy, last) = (
+            name.to_string(),
+            up.requests.clone(),
+            up.conns.clone(),
+            up.closed.clone(),
+            up.stop.clone(),
+            up.healthy.clone(),
+            up.last_head.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let sock = match listener.accept() {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                conns.fetch_add(1, Ordering::Relaxed);
+                sock.set_nonblocking(false).unwrap();
+                sock.set_read_timeout(Some(Duration::from_millis(50)))
+                    .unwrap();
+                let (name, requests, closed, stop, healthy, last, tls) = (
+                    name.clone(),
+                    requests.clone(),
+                    closed.clone(),
+                    stop.clone(),
+                    healthy.clone(),
+                    last.clone(),
+                    tls.clone(),
+                );
+                std::thread::spawn(move || {
+                    let io: Box<dyn Io> = match tls {
+                        Some(cfg) => {
+                            Box::new(StreamOwned::new(ServerConnection::new(cfg).unwrap(), sock))
+                        }
+                        None => Box::new(sock),
+                    };
+                    serve_conn(io, &name, &requests, &stop, &healthy, &last);
+                    closed.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            // The listener is dropped here: connects are refused from now on.
+        });
+        up
+    }
+
+    pub fn kill(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Until the accept loop noticed, a connect could still succeed.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    pub fn address(&self) -> String {
+        self.addr.to_string()
+    }
+}
+
+/// Reads from `io` into `buf` until `pred` holds; false at EOF or stop.
+pub fn fill(
+    io: &mut dyn Io,
+    buf: &mut Vec<u8>,
+    stop: &AtomicBool,
+    pred: impl Fn(&[u8]) -> bool,
+) -> bool {
+    let mut chunk = [0u8; 65536];
+    while !pred(buf) {
+        match io.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Decodes a complete chunked body at the start of `buf`: (body, bytes used).
+pub fn dechunk(buf: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let mut body = Vec::new();
+    let mut at = 0;
+    loop {
+        let line_end = at + find(&buf[at..], b"\r\n")?;
+        let size_text = std::str::from_utf8(&buf[at..line_end]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        at = line_end + 2;
+        if size == 0 {
+            let end = at + find(&buf[at..], b"\r\n")?;
+            return Some((body, end + 2));
+        }
+        if buf.len() < at + size + 2 {
+            return None;
+        }
+        body.extend_from_slice(&buf[at..at + size]);
+        at += size + 2;
+    }
+}
+
+pub fn pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 % 251) as u8).collect()
+}
+
+fn serve_conn(
+    mut io: Box<dyn Io>,
+    name: &str,
+    requests: &AtomicUsize,
+    stop: &AtomicBool,
+    healthy: &AtomicBool,
+    last: &Mutex<String>,
+) {
+    let mut buf = Vec::new();
+    // Set by `/then-drop`: the connection's next request is read and the
+    // connection closed without an answer (a keep-alive close race).
+    let mut drop_next = false;
+    loop {
+        if !fill(io.as_mut(), &mut buf, stop, |b| {
+            find(b, b"\r\n\r\n").is_some()
+        }) {
+            return;
+        }
+        if drop_next {
+            return;
+        }
+        let head_len = find(&buf, b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&buf[..head_len]).into_owned();
+        buf.drain(..head_len);
+        let mut lines = head.split("\r\n");
+        let request_line = lines.next().unwrap_or_default().to_string();
+        let headers: HashMap<String, String> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        let body = if headers
+            .get("transfer-encoding")
+            .is_some_and(|v| v == "chunked")
+        {
+            if !fill(io.as_mut(), &mut buf, stop, |b| dechunk(b).is_some()) {
+                return;
+            }
+            let (body, used) = dechunk(&buf).unwrap();
+            buf.drain(..used);
+            body
+        } else {
+            let n: usize = headers
+                .get("content-length")
+                .map_or(0, |v| v.parse().unwrap());
+            if !fill(io.as_mut(), &mut buf, stop, |b| b.len() >= n) {
+                return;
+            }
+            buf.drain(..n).collect()
+        };
+        requests.fetch_add(1, Ordering::Relaxed);
+        *last.lock().unwrap() = head.clone();
+        let target = request_line.split(' ').nth(1).unwrap_or("/").to_string();
+        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+        let ok = |body: &[u8]| {
+            let mut r =
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+            r.extend_from_slice(body);
+            r
+        };
+        let chunked = |body: &[u8]| {
+            let mut r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            for c in body.chunks(100_000) {
+                r.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                r.extend_from_slice(c);
+                r.extend_from_slice(b"\r\n");
+            }
+            r.extend_from_slice(b"0\r\n\r\n");
+            r
+        };
+        let answer: Vec<u8> = match path {
+            "/id" => ok(name.as_bytes()),
+            "/then-drop" => {
+                drop_next = true;
+                ok(name.as_bytes())
+            }
+            "/headers" => ok(head.as_bytes()),
+            // Hop-by-hop fields of every kind around one that passes.
+            "/hop" => b"HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nUpgrade: h2c\r\nTrailer: X-T\r\nX-End: kept\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-T: 1\r\n\r\n".to_vec(),
+            // A body that stops short of its length, then the connection closes.
+            "/truncated" => {
+                let mut r = b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n".to_vec();
+                r.extend_from_slice(&pattern(100_000));
+                let _ = io.write_all(&r).and_then(|()| io.flush());
+                return;
+            }
+            "/echo" => chunked(&body),
+            "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
+            "/slow" => {
+                std::thread::sleep(Duration::from_secs(3));
+                ok(b"late")
+            }
+            "/health" if healthy.load(Ordering::Relaxed) => ok(b"fine"),
+            "/health" => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(),
+            "/bad/clte" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n".to_vec(),
+            "/bad/dupcl" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nokk".to_vec(),
+            "/bad/lf" => b"HTTP/1.1 200 OK\nContent-Length: 2\n\nok".to_vec(),
+            "/bad/cr" => b"HTTP/1.1 200 OK\r\nX-Evil: a\rSet-Cookie: b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            "/bad/nul" => b"HTTP/1.1 200 OK\r\nX-Evil: a\x00b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            "/bad/te" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked, identity\r\n\r\n".to_vec(),
+            "/bad/101" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec(),
+            "/ws" => {
+                let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
+                if io.write_all(switch).and_then(|()| io.flush()).is_err() {
+                    return;
+                }
+                // Echo every byte (frames untouched) until the peer closes.
+                let mut echo = std::mem::take(&mut buf);
+                loop {
+                    if !echo.is_empty() {
+                        if io.write_all(&echo).and_then(|()| io.flush()).is_err() {
+                            return;
+                        }
+                        echo.clear();
+                    }
+                    if !fill(io.as_mut(), &mut echo, stop, |b| !b.is_empty()) {
+                        return;
+                    }
+                }
+            }
+            "/bad/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
+            _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        };
+        if io.write_all(&answer).and_then(|()| io.flush()).is_err() {
+            return;
+        }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// Python's http.server: an upstream not written in Rust.
+// ---------------------------------------------------------------------
+
+pub struct Python {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Python {
+    pub fn start(dir: &Path, id: &str) -> Python {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("id"), id).unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("python3 must be installed (./dev setup installs it)");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "python http.server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Python { child, addr }
+    }
+}
+
+impl Drop for Python {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pool table with `servers` and extra top-level keys.
+pub fn pool(name: &str, servers: &[(String, u32)], keys: &str, tables: &str) -> String {
+    let mut s = format!("[[upstream]]\nname = {name:?}\n{keys}\n");
+    for (addr, weight) in servers {
+        s.push_str(&format!(
+            "[[upstream.server]]\naddress = {addr:?}\nweight = {weight}\n"
+        ));
+    }
+    s.push_str(tables);
+    s.push('\n');
+    s
+}
+
+pub fn route(path: &str, upstream: &str, extra: &str) -> String {
+    format!("[[listener.route]]\npath = {path:?}\nupstream = {upstream:?}\n{extra}\n")
+}
+
+/// Routes from (path prefix, pool) pairs.
+pub fn routes(pairs: &[(&str, &str)]) -> String {
+    pairs.iter().map(|(p, u)| route(p, u, "")).collect()
+}
+
+/// Clients here open a connection per request, faster than the default
+/// handshake rate limit per source allows.
+pub const NO_RATE_LIMIT: &str = "[limits]\nhandshake_rate_per_source = 0\n";
+
+/// Starts tlsgate with `pools` (before the listener) and `routes`.
+pub fn start(fx: &Fixture, top: &str, pools: &str, routes: &str) -> Server {
+    let top = format!("[server]\nworkers = 2\n{top}\n{NO_RATE_LIMIT}\n{pools}");
+    Server::start(fx, &fx.config(&top, routes))
+}

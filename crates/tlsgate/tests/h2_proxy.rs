@@ -1,0 +1,726 @@
+//! The reverse proxy for HTTP/2 clients: curl --http2, h2load and a
+//! rustls + h2 client through tlsgate to real HTTP/1.1 upstreams (the
+//! tests' own Rust server and Python's http.server). Bodies byte-exact
+//! both ways with and without content-length, 100 concurrent streams,
+//! balancing, a slow upstream timing out on one stream while another
+//! succeeds, a client reset cancelling its upstream request, an upstream
+//! failing mid-body resetting only its stream, headers as translated for
+//! the upstream, h2spec on a listener whose routes go to a pool.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::upstream::{pattern, pool, route, routes, start, Python, Upstream};
+use common::{client_config, Fixture, Server};
+use rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
+
+type Client = h2::client::SendRequest<Bytes>;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An HTTP/2 connection to `addr` (ALPN h2 checked), its driver spawned.
+async fn h2_client(addr: SocketAddr) -> Client {
+    let mut c = client_config(rustls::DEFAULT_VERSIONS);
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = TlsConnector::from(Arc::new(c))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (client, conn) = h2::client::handshake(tls).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// A stream's answer.
+struct Answer {
+    status: u16,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+}
+
+/// Sends `req` with `body` (none: END_STREAM on HEADERS) and reads the
+/// whole answer.
+async fn exchange(client: &Client, req: http::Request<()>, body: Option<Vec<u8>>) -> Answer {
+    let mut client = client.clone().ready().await.unwrap();
+    let (resp, mut send) = client.send_request(req, body.is_none()).unwrap();
+    if let Some(b) = body {
+        send.send_data(Bytes::from(b), true).unwrap();
+    }
+    let (parts, mut recv) = resp.await.unwrap().into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.unwrap();
+        recv.flow_control().release_capacity(chunk.len()).unwrap();
+        data.extend_from_slice(&chunk);
+    }
+    Answer {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: data,
+    }
+}
+
+fn get(path: &str) -> http::Request<()> {
+    http::Request::get(format!("https://app.test{path}"))
+        .body(())
+        .unwrap()
+}
+
+/// curl --http2 with `args`: (status, http version, body).
+fn curl2(s: &Server, args: &[&str]) -> (String, String, Vec<u8>) {
+    let mut all = vec![
+        "--http2",
+        "--max-time",
+        "120",
+        "-w",
+        "\n%{http_code} %{http_version}",
+    ];
+    all.extend_from_slice(args);
+    let out = s.curl(&all);
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let at = out.stdout.iter().rposition(|&b| b == b'\n').unwrap();
+    let tail = String::from_utf8(out.stdout[at + 1..].to_vec()).unwrap();
+    let (code, version) = tail.split_once(' ').unwrap();
+    (
+        code.to_string(),
+        version.to_string(),
+        out.stdout[..at].to_vec(),
+    )
+}
+
+/// Waits until the access log has a line with every one of `needles`.
+fn wait_access_line(s: &Server, needles: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let log = s.access_log();
+        if let Some(line) = log.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+            return line.to_string();
+        }
+        assert!(Instant::now() < deadline, "no {needles:?} in:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn curl_http2_through_the_proxy_is_byte_exact_both_ways() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    // Python serves files with Content-Length from the directory it runs in.
+    let py_dir = fx.path().join("pyroot");
+    let py_file = pattern((1 << 20) + 13);
+    std::fs::create_dir_all(py_dir.join("py")).unwrap();
+    std::fs::write(py_dir.join("py/big.bin"), &py_file).unwrap();
+    let py = Python::start(&py_dir, "py");
+    let pools = [
+        pool("app", &[(a.address(), 1)], "", ""),
+        pool("py", &[(py.addr.to_string(), 1)], "", ""),
+    ]
+    .concat();
+    let routes = [
+        route("/", "app", "max_body_bytes = 209715200"),
+        route("/py", "py", ""),
+    ]
+    .concat();
+    let s = start(&fx, "", &pools, &routes);
+    let url = |p: &str| s.url(p);
+
+    let (code, version, body) = curl2(&s, &[&url("/id")]);
+    assert_eq!((code.as_str(), version.as_str()), ("200", "2"));
+    assert_eq!(body, b"a");
+    // Content-Length from Python, chunked from the Rust upstream.
+    let (code, _, body) = curl2(&s, &[&url("/py/big.bin")]);
+    assert_eq!(code, "200");
+    assert!(body == py_file, "1 MiB Content-Length download differs");
+    for n in [0usize, 1, 100, (1 << 20) + 13] {
+        let (code, _, body) = curl2(&s, &[&url(&format!("/gen?n={n}"))]);
+        assert_eq!(code, "200");
+        assert!(body == pattern(n), "chunked download of {n} bytes differs");
+    }
+
+    for n in [0usize, 1, 1 << 20, 64 << 20] {
+        let data = pattern(n);
+        let input = fx.path().join(format!("in-{n}"));
+        std::fs::write(&input, &data).unwrap();
+        // With content-length: passed on as it is.
+        let upload = format!("@{}", input.display());
+        let (code, _, body) = curl2(&s, &["--data-binary", &upload, &url("/echo")]);
+        assert_eq!(code, "200", "upload of {n} bytes with content-length");
+        assert!(
+            body == data,
+            "upload of {n} bytes with content-length differs"
+        );
+        let head = a.last_head.lock().unwrap().clone();
+        assert!(
+            head.contains(&format!("Content-Length: {n}\r\n"))
+                && !head.contains("Transfer-Encoding"),
+            "{head}"
+        );
+        // Without: curl streams stdin of unknown size; the upstream gets it chunked.
+        let resolve = format!("localhost:{}:127.0.0.1", s.addr.port());
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-k",
+                "--http2",
+                "--max-time",
+                "120",
+                "--resolve",
+                &resolve,
+            ])
+            .args([
+                "-X",
+                "POST",
+                "-T",
+                "-",
+                "-w",
+                "\n%{http_code} %{http_version}",
+                &url("/echo"),
+            ])
+            .stdin(std::fs::File::open(&input).unwrap())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let at = out.stdout.iter().rposition(|&b| b == b'\n').unwrap();
+        assert_eq!(
+            &out.stdout[at + 1..],
+            b"200 2",
+            "upload of {n} bytes without length"
+        );
+        assert!(
+            out.stdout[..at] == data[..],
+            "upload of {n} bytes without content-length differs"
+        );
+        let head = a.last_head.lock().unwrap().clone();
+        assert!(!head.contains("Content-Length"), "{head}");
+        // (An empty upload may end with the request's HEADERS: no body at all.)
+        assert!(
+            n == 0 || head.contains("Transfer-Encoding: chunked\r\n"),
+            "{head}"
+        );
+    }
+
+    // Logged and counted as HTTP/2 requests, with the upstream named.
+    wait_access_line(
+        &s,
+        &[
+            "\"POST /echo HTTP/2.0\" 200 67108864",
+            &format!("upstream={}", a.address()),
+        ],
+    );
+    wait_access_line(
+        &s,
+        &[
+            "\"GET /py/big.bin HTTP/2.0\" 200",
+            &format!("upstream={}", py.addr),
+        ],
+    );
+    // 1 + 1 + 4 downloads, 4 sizes × 2 uploads.
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="h2"}"#),
+        14.0
+    );
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="http/1.1"}"#),
+        0.0
+    );
+}
+
+#[test]
+fn request_bodies_over_the_limit_are_refused_and_never_reach_the_upstream_whole() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let s = start(&fx, "", &pools, &route("/", "app", "max_body_bytes = 1000"));
+    rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        // At the limit, without content-length: passed on chunked.
+        let post = || {
+            http::Request::post("https://app.test/echo")
+                .body(())
+                .unwrap()
+        };
+        let r = exchange(&c, post(), Some(pattern(1000))).await;
+        assert_eq!((r.status, r.body == pattern(1000)), (200, true));
+        assert_eq!(a.requests.load(Ordering::Relaxed), 1);
+        // Over it, announced: 413 before any upstream is asked.
+        let big = http::Request::post("https://app.test/echo")
+            .header("content-length", "1001")
+            .body(())
+            .unwrap();
+        let r = exchange(&c, big, Some(pattern(1001))).await;
+        assert_eq!(r.status, 413);
+        // Over it, unannounced: 413 once the body passes the limit; the
+        // upstream never gets a complete request.
+        let r = exchange(&c, post(), Some(pattern(5000))).await;
+        assert_eq!(r.status, 413);
+        // An empty body without content-length: END_STREAM on a DATA frame.
+        let r = exchange(&c, post(), Some(Vec::new())).await;
+        assert_eq!((r.status, r.body.len()), (200, 0));
+    });
+    assert_eq!(a.requests.load(Ordering::Relaxed), 2);
+    wait_access_line(
+        &s,
+        &[
+            "\"POST /echo HTTP/2.0\" 413",
+            "upstream_error=body_too_large",
+        ],
+    );
+}
+
+#[test]
+fn a_hundred_concurrent_streams_and_h2load_through_the_proxy_are_balanced_and_correct() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let py = Python::start(&fx.path().join("py"), "py");
+    let pools = [
+        pool("gen", &[(a.address(), 1), (b.address(), 1)], "", ""),
+        pool(
+            "ids",
+            &[(a.address(), 1), (b.address(), 1), (py.addr.to_string(), 1)],
+            "",
+            "",
+        ),
+    ]
+    .concat();
+    let s = start(
+        &fx,
+        "[access_log]\ntarget = \"off\"\n[http2]\nmax_concurrent_streams = 100",
+        &pools,
+        &routes(&[("/gen", "gen"), ("/id", "ids")]),
+    );
+    const BIG: usize = (1 << 20) + 13;
+    let seen = rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        let mut tasks = Vec::new();
+        for i in 0..100 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let path = if i % 2 == 0 {
+                    format!("/gen?n={BIG}")
+                } else {
+                    "/id".to_string()
+                };
+                (i, exchange(&c, get(&path), None).await)
+            }));
+        }
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for t in tasks {
+            let (i, r) = t.await.unwrap();
+            assert_eq!(r.status, 200, "stream {i}");
+            if i % 2 == 0 {
+                assert!(r.body == pattern(BIG), "stream {i}: 1 MiB body differs");
+            } else {
+                *seen.entry(String::from_utf8(r.body).unwrap()).or_default() += 1;
+            }
+        }
+        seen
+    });
+    // 50 requests round-robin over three servers, one of them Python.
+    for id in ["a", "b", "py"] {
+        let n = seen.get(id).copied().unwrap_or(0);
+        assert!((16..=17).contains(&n), "{seen:?}");
+    }
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="h2"}"#),
+        100.0
+    );
+    s.expect_metric_line("tlsgate_h2_streams_open 0\n");
+
+    let out = Command::new("h2load")
+        .args([
+            "-n",
+            "2000",
+            "-c",
+            "2",
+            "-m",
+            "100",
+            "-t",
+            "1",
+            &s.url("/gen?n=1000"),
+        ])
+        .output()
+        .expect("h2load must be installed (./dev setup installs nghttp2-client)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(
+            "requests: 2000 total, 2000 started, 2000 done, 2000 succeeded, 0 failed, 0 errored"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("status codes: 2000 2xx"), "{text}");
+    assert!(text.contains("Application protocol: h2"), "{text}");
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="2xx",protocol="h2"}"#),
+        2100.0
+    );
+}
+
+#[test]
+fn a_slow_upstream_times_out_on_its_stream_while_another_stream_succeeds() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("slow", &[(a.address(), 1)], "response_timeout = \"1s\"", "");
+    let s = start(&fx, "", &pools, &route("/", "slow", ""));
+    rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        let t0 = Instant::now();
+        let slow = tokio::spawn({
+            let c = c.clone();
+            async move { (exchange(&c, get("/slow"), None).await, t0.elapsed()) }
+        });
+        // Another stream on the same connection meanwhile.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let quick = exchange(&c, get("/id"), None).await;
+        let quick_took = t0.elapsed();
+        assert_eq!((quick.status, quick.body.as_slice()), (200, &b"a"[..]));
+        assert!(quick_took < Duration::from_millis(900), "{quick_took:?}");
+        let (slow, took) = slow.await.unwrap();
+        assert_eq!(slow.status, 504);
+        assert!(
+            took >= Duration::from_millis(950) && took < Duration::from_millis(2500),
+            "{took:?}"
+        );
+        // And the connection goes on.
+        assert_eq!(exchange(&c, get("/id"), None).await.status, 200);
+    });
+    s.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"slow\",status=\"504\",reason=\"response_timeout\"} 1",
+    );
+    wait_access_line(
+        &s,
+        &[
+            "\"GET /slow HTTP/2.0\" 504",
+            "upstream_error=response_timeout",
+        ],
+    );
+    assert_eq!(
+        s.metric(r#"tlsgate_requests_total{class="5xx",protocol="h2"}"#),
+        1.0
+    );
+}
+
+#[test]
+fn a_client_reset_cancels_the_upstream_request_and_the_connection_keeps_serving() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("dl", &[(a.address(), 1)], "", "");
+    let s = start(&fx, "", &pools, &route("/", "dl", ""));
+    let open = format!(
+        "tlsgate_upstream_connections_open{{pool=\"dl\",server=\"{}\"}}",
+        a.address()
+    );
+    let idle = open.replace("_open", "_idle");
+    rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        // Mid-download: 64 MiB asked, reset after 1 MiB.
+        let mut sender = c.clone().ready().await.unwrap();
+        let (resp, mut send) = sender
+            .send_request(get(&format!("/gen?n={}", 64 << 20)), true)
+            .unwrap();
+        let (parts, mut recv) = resp.await.unwrap().into_parts();
+        assert_eq!(parts.status, 200);
+        let mut got = 0;
+        while got < 1 << 20 {
+            let chunk = recv.data().await.unwrap().unwrap();
+            recv.flow_control().release_capacity(chunk.len()).unwrap();
+            got += chunk.len();
+        }
+        assert_eq!(a.conns.load(Ordering::Relaxed), 1);
+        send.send_reset(h2::Reason::CANCEL);
+        drop(recv);
+        // The upstream connection is closed at once, not kept half-used.
+        let t0 = Instant::now();
+        while a.closed.load(Ordering::Relaxed) < 1 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(3),
+                "upstream not cancelled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(s.metric(&open), 0.0);
+        assert_eq!(s.metric(&idle), 0.0);
+        // Before the response head: the slow upstream's request is
+        // cancelled too (the upstream sleeps 3 s: only tlsgate's gauge
+        // tells the connection went at once).
+        let (resp, mut send) = sender.send_request(get("/slow"), true).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(a.conns.load(Ordering::Relaxed), 2);
+        assert_eq!(s.metric(&open), 1.0);
+        send.send_reset(h2::Reason::CANCEL);
+        assert!(resp.await.is_err());
+        let t0 = Instant::now();
+        while s.metric(&open) > 0.0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(1),
+                "slow request not cancelled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The same connection goes on, on a new upstream connection.
+        let r = exchange(&c, get("/id"), None).await;
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"a"[..]));
+        assert_eq!(a.conns.load(Ordering::Relaxed), 3);
+    });
+    wait_access_line(
+        &s,
+        &[
+            "\"GET /gen?n=67108864 HTTP/2.0\" 200",
+            "upstream_error=client_gone",
+        ],
+    );
+    wait_access_line(
+        &s,
+        &["\"GET /slow HTTP/2.0\" 499", "upstream_error=client_gone"],
+    );
+    s.expect_metric_line(&format!("{idle} 1\n"));
+}
+
+#[test]
+fn upstream_failures_are_502_503_or_a_reset_of_their_stream_only() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let dead = Upstream::start("dead", None);
+    dead.kill();
+    let pools = [
+        pool("app", &[(a.address(), 1)], "max_fails = 0", ""),
+        pool(
+            "dead",
+            &[(dead.address(), 1)],
+            "retries = 0\nmax_fails = 1\nfail_timeout = \"60s\"",
+            "",
+        ),
+    ]
+    .concat();
+    let s = start(&fx, "", &pools, &routes(&[("/", "app"), ("/gone", "dead")]));
+    rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        // Refused connection: 502; then the server is out: 503.
+        assert_eq!(exchange(&c, get("/gone/x"), None).await.status, 502);
+        assert_eq!(exchange(&c, get("/gone/x"), None).await.status, 503);
+        // A malformed response: 502, never relayed.
+        let r = exchange(&c, get("/bad/clte"), None).await;
+        assert_eq!(r.status, 502);
+        // Cut mid-body: the stream is reset, the connection goes on.
+        let mut sender = c.clone().ready().await.unwrap();
+        let (resp, _) = sender.send_request(get("/truncated"), true).unwrap();
+        let (parts, mut recv) = resp.await.unwrap().into_parts();
+        assert_eq!(parts.status, 200);
+        assert_eq!(
+            parts.headers.get("content-length").unwrap(),
+            "1000000",
+            "the length is announced"
+        );
+        let mut got = 0;
+        let err = loop {
+            match recv.data().await {
+                Some(Ok(chunk)) => {
+                    got += chunk.len();
+                    recv.flow_control().release_capacity(chunk.len()).unwrap();
+                }
+                Some(Err(e)) => break e,
+                None => panic!("the truncated body ended cleanly after {got} bytes"),
+            }
+        };
+        assert_eq!(err.reason(), Some(h2::Reason::INTERNAL_ERROR), "{err}");
+        assert!(got <= 100_000, "{got}");
+        let r = exchange(&c, get("/id"), None).await;
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"a"[..]));
+    });
+    s.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"dead\",status=\"502\",reason=\"connect\"} 1",
+    );
+    s.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"dead\",status=\"503\",reason=\"no_server\"} 1",
+    );
+    s.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 1",
+    );
+    wait_access_line(
+        &s,
+        &["\"GET /gone/x HTTP/2.0\" 502", "upstream_error=connect"],
+    );
+    wait_access_line(
+        &s,
+        &["\"GET /gone/x HTTP/2.0\" 503", "upstream_error=no_server"],
+    );
+    wait_access_line(
+        &s,
+        &[
+            "\"GET /truncated HTTP/2.0\" 200",
+            "upstream_error=truncated",
+        ],
+    );
+}
+
+#[test]
+fn headers_are_translated_both_ways() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let s = start(&fx, "", &pools, &route("/", "app", ""));
+    rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        let req = http::Request::get("https://app.test/headers?x=1")
+            .header("cookie", "a=1")
+            .header("cookie", "b=2")
+            .header("te", "trailers")
+            .header("x-forwarded-for", "6.6.6.6")
+            .header("x-real-ip", "6.6.6.6")
+            .header("forwarded", "for=6.6.6.6")
+            .header("x-forwarded-client-cert", "Hash=forged")
+            .header("via", "1.1 edge")
+            .header("x-kept", "yes")
+            .body(())
+            .unwrap();
+        let r = exchange(&c, req, None).await;
+        assert_eq!(r.status, 200);
+        let head = String::from_utf8(r.body).unwrap();
+        assert!(
+            head.starts_with("GET /headers?x=1 HTTP/1.1\r\nHost: app.test\r\n"),
+            "{head}"
+        );
+        for kept in [
+            "cookie: a=1; b=2\r\n",
+            "X-Forwarded-For: 127.0.0.1\r\n",
+            "X-Real-IP: 127.0.0.1\r\n",
+            "X-Forwarded-Proto: https\r\n",
+            "X-Forwarded-Host: app.test\r\n",
+            "Forwarded: for=127.0.0.1;proto=https;host=\"app.test\"\r\n",
+            "via: 1.1 edge\r\n",
+            "Via: 2 tlsgate\r\n",
+            "x-kept: yes\r\n",
+        ] {
+            assert!(head.contains(kept), "{kept:?} missing: {head}");
+        }
+        let lower = head.to_ascii_lowercase();
+        for gone in [
+            "6.6.6.6",
+            "forged",
+            "\r\nte:",
+            "content-length",
+            "transfer-encoding",
+            "connection:",
+        ] {
+            assert!(!lower.contains(gone), "{gone:?} passed: {head}");
+        }
+        assert_eq!(lower.matches("\r\ncookie:").count(), 1, "{head}");
+
+        // The response's hop-by-hop fields never reach the client (h2
+        // would take any of them for a malformed response).
+        let r = exchange(&c, get("/hop"), None).await;
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+        assert_eq!(r.headers.get("x-end").unwrap(), "kept");
+        for gone in [
+            "connection",
+            "x-hop",
+            "keep-alive",
+            "proxy-connection",
+            "upgrade",
+            "trailer",
+            "transfer-encoding",
+        ] {
+            assert!(r.headers.get(gone).is_none(), "{gone}: {:?}", r.headers);
+        }
+
+        // A Host naming another entity than :authority is malformed.
+        let before = a.requests.load(Ordering::Relaxed);
+        let req = http::Request::get("https://app.test/id")
+            .header("host", "other.test")
+            .body(())
+            .unwrap();
+        assert_eq!(exchange(&c, req, None).await.status, 400);
+        // CONNECT is not tunnelled: a clear refusal, nothing upstream.
+        let req = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri("app.test:443")
+            .body(())
+            .unwrap();
+        let mut sender = c.clone().ready().await.unwrap();
+        let (resp, _) = sender.send_request(req, false).unwrap();
+        assert_eq!(resp.await.unwrap().status(), 405);
+        assert_eq!(a.requests.load(Ordering::Relaxed), before);
+    });
+    wait_access_line(
+        &s,
+        &[
+            "\"CONNECT ",
+            "HTTP/2.0\" 405",
+            "upstream_error=connect_refused",
+        ],
+    );
+    wait_access_line(
+        &s,
+        &["\"GET /id HTTP/2.0\" 400", "upstream_error=host_mismatch"],
+    );
+}
+
+/// The h2spec binary: on PATH or where `go install` puts it.
+fn h2spec() -> String {
+    for p in ["h2spec", "/usr/local/bin/h2spec", "/root/go/bin/h2spec"] {
+        if Command::new(p).arg("--version").output().is_ok() {
+            return p.to_string();
+        }
+    }
+    panic!("h2spec must be installed (./dev setup installs it with go install)");
+}
+
+#[test]
+fn h2spec_passes_in_strict_mode_on_a_listener_whose_routes_go_to_a_pool() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let s = start(
+        &fx,
+        "[access_log]\ntarget = \"off\"",
+        &pools,
+        &route("/", "app", ""),
+    );
+    let out = Command::new(h2spec())
+        .args([
+            "--strict",
+            "--tls",
+            "--insecure",
+            "--timeout",
+            "5",
+            "--host",
+            "127.0.0.1",
+        ])
+        .args(["--port", &s.addr.port().to_string(), "--path", "/id"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 failed"), "{text}");
+    // The streams h2spec opened went through the proxy.
+    assert!(a.requests.load(Ordering::Relaxed) >= 10, "{text}");
+}
