@@ -136,6 +136,9 @@ pub struct Summary {
     pub pss_bytes: f64,
     /// PSS added per open connection (stream), bytes.
     pub pss_per_connection: f64,
+    /// Connections open when the window opened (stream, idle).
+    #[serde(default)]
+    pub connections_open: f64,
     /// Fetches slower than their interval (stream), per second.
     pub late_per_sec: f64,
     /// Any repeat was generator-bound.
@@ -184,6 +187,7 @@ impl Summary {
             resumed_share: m(&|c| c.load.resumed_share()),
             error_rate: m(&|c| ratio(c.load.error_count() as f64, c.load.operations as f64)),
             pss_bytes: m(&|c| c.pss_close as f64),
+            connections_open: m(&|c| extra(c, "connections_open")),
             pss_per_connection: m(&|c| {
                 let open = c.load.extra.get("connections_open").copied().unwrap_or(0.0);
                 ratio(c.pss_open.saturating_sub(c.pss_before) as f64, open)
@@ -364,6 +368,7 @@ impl Results {
         self.latency_table(&mut out, &targets);
         self.transfer_table(&mut out, &targets);
         self.stream_table(&mut out, &targets);
+        self.idle_table(&mut out, &targets);
         self.h2_table(&mut out);
         self.proxy_table(&mut out, &targets);
         if !self.crosschecks.is_empty() {
@@ -608,6 +613,55 @@ impl Results {
         }
     }
 
+    fn idle_table(&self, out: &mut String, targets: &[TargetKind]) {
+        let cases = self.cases(crate::scenario::IDLE);
+        if cases.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Idle: keep-alive connections after one 1 KiB GET each\n\n\
+             Server PSS with every connection open and waiting, and what it grew by per \
+             connection from before the first one opened. HAProxy takes two descriptors per \
+             connection and is held to {} connections here.\n",
+            crate::targets::connection_ceiling()
+        );
+        let _ = write!(out, "| connections |");
+        for t in targets {
+            let _ = write!(out, " {t} open | {t} PSS MB | {t} KiB/conn |");
+        }
+        let _ = writeln!(out, " tlsgate ÷ nginx PSS |");
+        let _ = write!(out, "|---|");
+        for _ in targets {
+            let _ = write!(out, "---:|---:|---:|");
+        }
+        let _ = writeln!(out, "---:|");
+        for case in &cases {
+            let _ = write!(out, "| {case} |");
+            for t in targets {
+                match self.summary(crate::scenario::IDLE, case, *t) {
+                    Some(s) => {
+                        let _ = write!(
+                            out,
+                            " {:.0} | {:.1} | {:.1} |",
+                            s.connections_open,
+                            s.pss_bytes / 1e6,
+                            s.pss_per_connection / 1024.0,
+                        );
+                    }
+                    None => {
+                        let _ = write!(out, " – | – | – |");
+                    }
+                }
+            }
+            let _ = writeln!(
+                out,
+                " {} |",
+                self.ratio_to_nginx(crate::scenario::IDLE, case, |s| s.pss_bytes)
+            );
+        }
+    }
+
     fn stream_table(&self, out: &mut String, targets: &[TargetKind]) {
         let cases = self.cases("stream");
         if cases.is_empty() {
@@ -663,6 +717,18 @@ impl Results {
         let mut out = Vec::new();
         for c in &self.cells {
             let what = format!("{} {} on {}", c.scenario, c.case, c.target);
+            if c.scenario == crate::scenario::IDLE {
+                // No request in the window, by design: every connection
+                // must have made its one GET and still be open.
+                let (open, idle) = (extra(c, "connections_open"), extra(c, "idle_at_window"));
+                if open <= 0.0 || idle < open * 0.99 || c.pss_open <= c.pss_before {
+                    out.push(format!(
+                        "{what}: {idle} of {open} connections idle after their GET, PSS {} → {}",
+                        c.pss_before, c.pss_open
+                    ));
+                }
+                continue;
+            }
             if c.load.operations == 0 {
                 out.push(format!("{what}: no operation completed"));
             }
@@ -695,7 +761,14 @@ impl Results {
             }
         }
         let targets = self.targets();
-        for scenario in ["handshake", "latency", "transfer", "stream", "proxy"] {
+        for scenario in [
+            "handshake",
+            "latency",
+            "transfer",
+            "stream",
+            crate::scenario::IDLE,
+            "proxy",
+        ] {
             for case in self.cases(scenario) {
                 for t in &targets {
                     if self.summary(scenario, &case, *t).is_none() {

@@ -86,6 +86,9 @@ pub struct BenchOptions {
     pub stream_connections: Vec<usize>,
     /// Window of each stream point.
     pub stream_measure: Duration,
+    /// Connection counts of the stream scenario's idle points (keep-alive
+    /// connections after one 1 KiB GET each, measured for memory).
+    pub idle_connections: Vec<usize>,
     /// Client connections in the proxy scenario (each with one request in
     /// flight, or one handshake in progress).
     pub proxy_connections: usize,
@@ -148,6 +151,7 @@ impl BenchOptions {
                 vec![1000, 2500, 5000, 10000]
             },
             stream_measure: Duration::from_secs(if quick { 2 } else { 10 }),
+            idle_connections: if quick { vec![200] } else { vec![10_000] },
             proxy_connections: if quick { 4 } else { 16 },
             placement: Placement::detect(),
             tlsgate_bin,
@@ -400,6 +404,9 @@ fn stream(
             (*c).min(ceiling)
         })
         .collect();
+    // Made before the targets start: HAProxy serves the files it was
+    // configured with.
+    let small = materials.file(1 << 10)?;
     let mut targets = start_all(materials, opts, 1 << 20, results)?;
     let interval = (Duration::from_secs(1), Duration::from_secs(5));
     interleave(
@@ -430,8 +437,57 @@ fn stream(
                     measure: opts.stream_measure,
                 },
                 cores: opts.placement.client_cores.clone(),
+                once: false,
+            })
+        },
+        results,
+    )?;
+    idle(&small, opts, &mut targets, results)
+}
+
+/// The stream scenario's idle points: keep-alive connections that made one
+/// 1 KiB GET each and wait, the usual state of most of a busy server's
+/// connections; what counts is the memory they take.
+fn idle(
+    path: &str,
+    opts: &BenchOptions,
+    targets: &mut [Target],
+    results: &mut Results,
+) -> Result<(), BenchError> {
+    // One descriptor per connection in each of the bench and the target,
+    // except HAProxy's two: only HAProxy is held to the lower ceiling.
+    let most = |kind: TargetKind| match kind {
+        TargetKind::Haproxy => crate::targets::connection_ceiling(),
+        _ => crate::targets::fd_limit().saturating_sub(400) as usize,
+    };
+    interleave(
+        targets,
+        opts,
+        IDLE,
+        &opts.idle_connections,
+        |c| format!("{c}"),
+        |connections, t| {
+            let connections = (*connections).min(most(t.kind()));
+            Job::Stream(StreamJob {
+                addr: t.addr(),
+                server_name: SERVER_NAME.into(),
+                profile: TlsProfile::tls13_ecdsa(),
+                path: path.into(),
+                connections,
+                interval: (Duration::from_secs(1), Duration::from_secs(1)),
+                connect_concurrency: 64,
+                window: Window {
+                    warmup: Duration::from_secs_f64(connections as f64 / 1500.0)
+                        + Duration::from_secs(2),
+                    measure: Duration::from_secs(2),
+                },
+                cores: opts.placement.client_cores.clone(),
+                once: true,
             })
         },
         results,
     )
 }
+
+/// The idle points' scenario name in the results.
+pub const IDLE: &str = "idle";

@@ -32,6 +32,10 @@ pub struct StreamJob {
     /// Each connection waits a uniformly random time in this range between
     /// the starts of its fetches.
     pub interval: (Duration, Duration),
+    /// Idle mode: each connection fetches `path` once, right after its
+    /// handshake, and then holds the connection open without a request
+    /// (`interval` is ignored); the measure is the server's memory.
+    pub once: bool,
     /// Handshakes in flight while the connections open (per thread).
     pub connect_concurrency: usize,
     /// Warm-up (connections open during it) and measurement.
@@ -41,7 +45,9 @@ pub struct StreamJob {
 }
 
 /// Runs a streaming job. Extra figures: `connections_open` (at window
-/// open), `late_fetches` (a fetch took longer than its interval).
+/// open), `late_fetches` (a fetch took longer than its interval); in idle
+/// mode `idle_at_window` (connections whose one fetch succeeded before the
+/// window opened), and the operations are those fetches.
 pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, LoadError> {
     let (lo, hi) = job.interval;
     if job.connections == 0 || lo.is_zero() || hi < lo {
@@ -50,6 +56,7 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
         ));
     }
     let per_thread = job.connections.div_ceil(job.cores.len().max(1));
+    let once = job.once;
     let request = get_request(&job.path, &job.server_name, false);
     let mut report = engine::run(&job.cores, job.window, observer, |_, clock| {
         let request = request.clone();
@@ -61,14 +68,16 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
             let tally = Rc::new(RefCell::new(Tally::new()));
             let gate = Rc::new(Semaphore::new(job.connect_concurrency.max(1)));
             let open_at_window = Rc::new(std::cell::Cell::new(0u64));
+            let idle_at_window = Rc::new(std::cell::Cell::new(0u64));
             let mut tasks = Vec::new();
             for _ in 0..per_thread {
-                let (dialer, tally, request, gate, open_at_window) = (
+                let (dialer, tally, request, gate, open_at_window, idle_at_window) = (
                     dialer.clone(),
                     tally.clone(),
                     request.clone(),
                     gate.clone(),
                     open_at_window.clone(),
+                    idle_at_window.clone(),
                 );
                 tasks.push(tokio::task::spawn_local(async move {
                     // Small buffers: thousands of connections, one chunk each now and then.
@@ -80,6 +89,19 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
                         };
                         if Instant::now() <= clock.open {
                             open_at_window.set(open_at_window.get() + 1);
+                        }
+                        if once {
+                            let (_, done) =
+                                keepalive_request(&mut tls, &request, &mut buf, &clock, &tally)
+                                    .await?;
+                            if done <= clock.open {
+                                idle_at_window.set(idle_at_window.get() + 1);
+                            }
+                            // Idle: no buffer kept here either.
+                            buf = Vec::new();
+                            tokio::time::sleep_until(clock.close.into()).await;
+                            drop(tls);
+                            return Ok(());
                         }
                         // Spread the first fetches over one interval.
                         let first = hi.mul_f64(fastrand::f64());
@@ -112,10 +134,18 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
             let mut t = into_tally(tally);
             t.extra
                 .insert("connections_open".into(), open_at_window.get() as f64);
+            if job.once {
+                t.extra
+                    .insert("idle_at_window".into(), idle_at_window.get() as f64);
+            }
             t
         }
     })?;
     report.extra.entry("late_fetches".into()).or_insert(0.0);
-    let ok = report.operations > 0;
+    let ok = if job.once {
+        report.extra.get("idle_at_window").copied().unwrap_or(0.0) > 0.0
+    } else {
+        report.operations > 0
+    };
     require_success(report, job.addr, ok)
 }

@@ -51,6 +51,8 @@ pub(crate) struct Answered {
 /// left by a cancellation is never parsed.
 async fn read_more<T: Transport + Send>(io: &mut T, buf: &mut Vec<u8>) -> std::io::Result<usize> {
     if buf.capacity() == 0 {
+        // A connection waiting for a request holds no buffer.
+        io.readable().await?;
         *buf = buffers::take_read();
     }
     io.read_append(buf, READ_CHUNK).await
@@ -122,7 +124,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         max_target_bytes: limits.max_uri_bytes,
         max_headers: limits.max_headers,
     };
-    let mut inbuf: Vec<u8> = buffers::take_read();
+    let mut inbuf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
     let mut scratch: Vec<u8> = Vec::new();
     let mut served: u64 = 0;
@@ -164,13 +166,12 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                         release_idle_buffers(&mut out, &mut scratch, &mut inbuf);
                         let deadline = (Instant::now() + limits.keepalive_timeout).into();
                         tokio::select! {
-                            r = timeout_at(deadline, io.readable()) => match r {
-                                // The read above takes a buffer and reads.
-                                Ok(Ok(())) => {
+                            r = timeout_at(deadline, read_more(io, &mut inbuf)) => match r {
+                                Ok(Ok(n)) if n > 0 => {
                                     head_started = Some(Instant::now());
                                     continue;
                                 }
-                                Ok(Err(_)) => return End::Done,
+                                Ok(_) => return End::Done,
                                 Err(_) => {
                                     close(io).await;
                                     return End::Timeout("keepalive");

@@ -35,9 +35,15 @@ pub struct BenchArgs {
     /// Generator cores, comma-separated (one thread each).
     #[arg(long, value_delimiter = ',')]
     client_cores: Vec<usize>,
-    /// Stream scenario connection counts, comma-separated.
+    /// Stream scenario connection counts, comma-separated; 0 for none
+    /// (the idle points only).
     #[arg(long, value_delimiter = ',')]
     stream_connections: Vec<usize>,
+    /// Stream scenario idle connection counts (keep-alive connections
+    /// after one 1 KiB GET each, measured for memory), comma-separated;
+    /// 0 for none.
+    #[arg(long, value_delimiter = ',')]
+    idle_connections: Vec<usize>,
     /// Run tlsgate with keys in-process (to measure key isolation's cost).
     #[arg(long)]
     no_key_isolation: bool,
@@ -112,7 +118,20 @@ pub fn run(args: BenchArgs) -> ExitCode {
         };
     }
     if !args.stream_connections.is_empty() {
-        opts.stream_connections = args.stream_connections.clone();
+        opts.stream_connections = args
+            .stream_connections
+            .iter()
+            .copied()
+            .filter(|c| *c > 0)
+            .collect();
+    }
+    if !args.idle_connections.is_empty() {
+        opts.idle_connections = args
+            .idle_connections
+            .iter()
+            .copied()
+            .filter(|c| *c > 0)
+            .collect();
     }
     if !args.sizes.is_empty() {
         let mut sizes = Vec::new();
