@@ -282,6 +282,9 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 ),
             },
             (None, None) => {
+                // A big response can take seconds to a slow client: the
+                // read buffer waits for the next request in the pool.
+                buffers::release_read(&mut inbuf);
                 match respond(io, cx, root, &head, &mut out, &mut scratch, keep_alive).await {
                     Ok(a) => a,
                     Err(e) => return e,

@@ -131,11 +131,12 @@ async fn send_file_through<T: Transport + ?Sized>(
     Ok(())
 }
 
-/// Plaintext encrypted per turn of [`send_file_encrypting`]: what
+/// Most plaintext encrypted per turn of [`send_file_encrypting`]: what
 /// rustls' send buffer takes at once.
 const FILE_TURN: usize = 64 * 1024;
-/// A turn once the client has read slower than we send: one TLS record,
-/// so a connection waiting for its client holds at most that.
+/// The first turn, and every turn after the socket was found full: one
+/// TLS record, so a connection waiting for a slow client holds at most
+/// that. Turns double while the socket takes each one whole.
 const SLOW_CLIENT_TURN: usize = 16 * 1024;
 
 thread_local! {
@@ -159,7 +160,7 @@ async fn send_file_encrypting(
     timeout: Duration,
 ) -> io::Result<()> {
     let mut done = 0u64;
-    let mut turn = FILE_TURN;
+    let mut turn = SLOW_CLIENT_TURN;
     while done < len || !head.is_empty() {
         let (head_taken, body_taken) = FILE_BUFFER.with(|cell| {
             let mut buf = cell
@@ -198,7 +199,11 @@ async fn send_file_encrypting(
         let waited = tokio::time::timeout(timeout, conn.flush_noting_wait())
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-        turn = if waited { SLOW_CLIENT_TURN } else { FILE_TURN };
+        turn = if waited {
+            SLOW_CLIENT_TURN
+        } else {
+            (turn * 2).min(FILE_TURN)
+        };
     }
     Ok(())
 }
