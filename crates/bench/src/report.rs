@@ -719,12 +719,14 @@ impl Results {
             let what = format!("{} {} on {}", c.scenario, c.case, c.target);
             if c.scenario == crate::scenario::IDLE {
                 // No request in the window, by design: every connection
-                // must have made its one GET and still be open.
+                // must have made its one GET and still be open. (PSS need
+                // not grow: a few hundred connections fit in what an
+                // earlier point's allocations left free.)
                 let (open, idle) = (extra(c, "connections_open"), extra(c, "idle_at_window"));
-                if open <= 0.0 || idle < open * 0.99 || c.pss_open <= c.pss_before {
+                if open <= 0.0 || idle < open * 0.99 || c.pss_open == 0 {
                     out.push(format!(
-                        "{what}: {idle} of {open} connections idle after their GET, PSS {} → {}",
-                        c.pss_before, c.pss_open
+                        "{what}: {idle} of {open} connections idle after their GET, PSS {}",
+                        c.pss_open
                     ));
                 }
                 continue;

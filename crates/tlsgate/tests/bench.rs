@@ -134,6 +134,26 @@ fn quick_bench_measures_every_scenario_on_every_target() {
             }
         }
     }
+    // Idle points: every target held its connections, PSS measured, and
+    // the report has the table.
+    for target in ["tlsgate", "nginx", "haproxy"] {
+        let rows: Vec<_> = summaries
+            .iter()
+            .filter(|s| s["scenario"] == "idle" && s["target"] == target)
+            .collect();
+        assert_eq!(rows.len(), 1, "idle on {target}");
+        assert_eq!(
+            rows[0]["connections_open"].as_f64(),
+            Some(200.0),
+            "{}",
+            rows[0]
+        );
+        assert!(rows[0]["pss_bytes"].as_f64().unwrap() > 0.0, "{}", rows[0]);
+    }
+    assert!(
+        report.contains("## Idle: keep-alive connections"),
+        "{report}"
+    );
     // Latency at half nginx's rate was measured on every target.
     let latency: Vec<_> = summaries
         .iter()
