@@ -353,36 +353,11 @@ fn h2load_with_100_concurrent_streams() {
     }
 }
 
-/// The h2spec binary: on PATH or where `go install` puts it.
-fn h2spec() -> String {
-    for p in ["h2spec", "/usr/local/bin/h2spec", "/root/go/bin/h2spec"] {
-        if Command::new(p).arg("--version").output().is_ok() {
-            return p.to_string();
-        }
-    }
-    panic!("h2spec must be installed (./dev setup installs it with go install)");
-}
-
 #[test]
 fn h2spec_conformance_suite_passes_in_strict_mode() {
     let f = Fixture::new();
     let s = Server::start(&f, &config(&f, "[access_log]\ntarget = \"off\"", ""));
-    let out = Command::new(h2spec())
-        .args([
-            "--strict",
-            "--tls",
-            "--insecure",
-            "--timeout",
-            "5",
-            "--host",
-            "127.0.0.1",
-        ])
-        .args(["--port", &s.addr.port().to_string(), "--path", "/hello.txt"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains(" 0 failed"), "{text}");
+    h2spec_strict_passes(s.addr.port(), "/hello.txt");
 }
 
 #[test]

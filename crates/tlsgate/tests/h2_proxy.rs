@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::upstream::{pattern, pool, route, routes, start, Python, Upstream};
-use common::{client_config, Fixture, Server};
+use common::{client_config, h2spec_strict_passes, Fixture, Server};
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
@@ -684,16 +684,6 @@ fn headers_are_translated_both_ways() {
     );
 }
 
-/// The h2spec binary: on PATH or where `go install` puts it.
-fn h2spec() -> String {
-    for p in ["h2spec", "/usr/local/bin/h2spec", "/root/go/bin/h2spec"] {
-        if Command::new(p).arg("--version").output().is_ok() {
-            return p.to_string();
-        }
-    }
-    panic!("h2spec must be installed (./dev setup installs it with go install)");
-}
-
 #[test]
 fn h2spec_passes_in_strict_mode_on_a_listener_whose_routes_go_to_a_pool() {
     let fx = Fixture::new();
@@ -705,22 +695,7 @@ fn h2spec_passes_in_strict_mode_on_a_listener_whose_routes_go_to_a_pool() {
         &pools,
         &route("/", "app", ""),
     );
-    let out = Command::new(h2spec())
-        .args([
-            "--strict",
-            "--tls",
-            "--insecure",
-            "--timeout",
-            "5",
-            "--host",
-            "127.0.0.1",
-        ])
-        .args(["--port", &s.addr.port().to_string(), "--path", "/id"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains(" 0 failed"), "{text}");
+    let text = h2spec_strict_passes(s.addr.port(), "/id");
     // The streams h2spec opened went through the proxy.
     assert!(a.requests.load(Ordering::Relaxed) >= 10, "{text}");
 }

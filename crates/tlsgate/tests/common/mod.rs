@@ -592,3 +592,29 @@ pub fn attempt_from(
     }
     Ok(Attempt::Completed(Box::new(s)))
 }
+
+/// Runs the h2spec conformance suite (`--strict`, over TLS) against the
+/// server on `port`, requesting `path`; asserts that every case passed and
+/// returns h2spec's report.
+pub fn h2spec_strict_passes(port: u16, path: &str) -> String {
+    let bin = ["h2spec", "/usr/local/bin/h2spec", "/root/go/bin/h2spec"]
+        .into_iter()
+        .find(|p| Command::new(p).arg("--version").output().is_ok())
+        .expect("h2spec must be installed (./dev setup installs it with go install)");
+    let out = Command::new(bin)
+        .args(["--strict", "--tls", "--insecure", "--timeout", "5"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--path",
+            path,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(" 0 failed"), "{text}");
+    text
+}
