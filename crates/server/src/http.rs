@@ -126,7 +126,6 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
     };
     let mut inbuf: Vec<u8> = Vec::new();
     let mut out: Vec<u8> = Vec::new();
-    let mut scratch: Vec<u8> = Vec::new();
     let mut served: u64 = 0;
     // When the head being read began; the first one counts from the handshake.
     let mut head_started: Option<Instant> = Some(Instant::now());
@@ -163,7 +162,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                         // Idle keep-alive connections are most of a busy
                         // server's connections: they wait for the next
                         // request with no buffer of their own.
-                        release_idle_buffers(&mut out, &mut scratch, &mut inbuf);
+                        release_idle_buffers(&mut out, &mut inbuf);
                         let deadline = (Instant::now() + limits.keepalive_timeout).into();
                         tokio::select! {
                             r = timeout_at(deadline, read_more(io, &mut inbuf)) => match r {
@@ -285,7 +284,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 // A big response can take seconds to a slow client: the
                 // read buffer waits for the next request in the pool.
                 buffers::release_read(&mut inbuf);
-                match respond(io, cx, root, &head, &mut out, &mut scratch, keep_alive).await {
+                match respond(io, cx, root, &head, &mut out, keep_alive).await {
                     Ok(a) => a,
                     Err(e) => return e,
                 }
@@ -327,9 +326,8 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
 
 /// Gives back what a connection waiting for its next request does not
 /// need: every buffer, unless it still holds bytes.
-fn release_idle_buffers(out: &mut Vec<u8>, scratch: &mut Vec<u8>, inbuf: &mut Vec<u8>) {
+fn release_idle_buffers(out: &mut Vec<u8>, inbuf: &mut Vec<u8>) {
     buffers::release_out(out);
-    *scratch = Vec::new();
     buffers::release_read(inbuf);
 }
 
@@ -439,7 +437,6 @@ async fn respond<T: Transport + Send>(
     root: &tlsgate_files::DocumentRoot,
     head: &RequestHead,
     out: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
     keep_alive: bool,
 ) -> Result<Answered, End> {
     let is_head = head.method() == &Method::Head;
@@ -513,9 +510,7 @@ async fn respond<T: Transport + Send>(
         // The head (after any queued responses) leaves with the body's
         // first bytes, never as a small record of its own.
         let limit = cx.gen.config.limits.send_timeout;
-        let r = io
-            .send_file(out, &file.file, start, len, scratch, limit)
-            .await;
+        let r = io.send_file(out, &file.file, start, len, limit).await;
         cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
         out.clear();
         match r {

@@ -58,20 +58,20 @@ pub trait Transport {
     /// Sends `head` (the response head, after any queued responses) and
     /// then `len` bytes of `file` from `offset`, the head in the same write
     /// as the body's first bytes; each write bounded by `timeout`. The
-    /// default reads through `scratch`; kernel TLS uses `sendfile`.
+    /// default reads through a buffer of its own; user-space TLS encrypts
+    /// from the worker's buffer, kernel TLS uses `sendfile`.
     fn send_file(
         &mut self,
         head: &[u8],
         file: &File,
         offset: u64,
         len: u64,
-        scratch: &mut Vec<u8>,
         timeout: Duration,
     ) -> impl Future<Output = io::Result<()>> + Send
     where
         Self: Send,
     {
-        async move { send_file_through(self, head, file, offset, len, scratch, timeout).await }
+        async move { send_file_through(self, head, file, offset, len, timeout).await }
     }
 
     /// Whether a response body of `len` bytes should first move the
@@ -99,11 +99,10 @@ async fn send_file_through<T: Transport + ?Sized>(
     file: &File,
     offset: u64,
     len: u64,
-    scratch: &mut Vec<u8>,
     timeout: Duration,
 ) -> io::Result<()> {
     const CHUNK: usize = 64 * 1024;
-    scratch.clear();
+    let mut scratch = Vec::with_capacity(CHUNK);
     scratch.extend_from_slice(head);
     let mut done = 0u64;
     while done < len {
@@ -122,7 +121,7 @@ async fn send_file_through<T: Transport + ?Sized>(
             ));
         }
         scratch.truncate(at + n);
-        tokio::time::timeout(timeout, io.write_all(scratch))
+        tokio::time::timeout(timeout, io.write_all(&scratch))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         scratch.clear();
@@ -316,7 +315,6 @@ impl Transport for TlsClient<'_> {
         file: &File,
         offset: u64,
         len: u64,
-        scratch: &mut Vec<u8>,
         timeout: Duration,
     ) -> impl Future<Output = io::Result<()>> + Send {
         // Only the fields go into the future: holding `&mut Self` there
@@ -324,18 +322,12 @@ impl Transport for TlsClient<'_> {
         let conn = &mut self.conn;
         let metrics = self.metrics;
         async move {
-            let (r, path) = if conn.is_offloaded() {
-                (
-                    conn.sendfile(head, file, offset, len, timeout).await,
-                    "sendfile",
-                )
+            let path = if conn.is_offloaded() {
+                "sendfile"
             } else {
-                let _ = scratch;
-                (
-                    send_file_encrypting(conn, head, file, offset, len, timeout).await,
-                    "userspace",
-                )
+                "userspace"
             };
+            let r = Transport::send_file(conn, head, file, offset, len, timeout).await;
             if r.is_ok() {
                 metrics.count_body(path, len);
             }
@@ -360,6 +352,20 @@ impl Transport for TlsClient<'_> {
 impl Transport for TlsConnection {
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         TlsConnection::read(self, buf).await
+    }
+    async fn send_file(
+        &mut self,
+        head: &[u8],
+        file: &File,
+        offset: u64,
+        len: u64,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        if self.is_offloaded() {
+            self.sendfile(head, file, offset, len, timeout).await
+        } else {
+            send_file_encrypting(self, head, file, offset, len, timeout).await
+        }
     }
     async fn readable(&mut self) -> io::Result<()> {
         TlsConnection::readable(self).await
