@@ -44,37 +44,6 @@ pub struct StreamJob {
     pub cores: Vec<Option<usize>>,
 }
 
-/// Counts arrivals on one generator thread; [`wait`](Barrier::wait) returns
-/// once all have arrived.
-struct Barrier {
-    left: std::cell::Cell<usize>,
-    done: tokio::sync::Notify,
-}
-
-impl Barrier {
-    fn new(parties: usize) -> Self {
-        Self {
-            left: std::cell::Cell::new(parties),
-            done: tokio::sync::Notify::new(),
-        }
-    }
-
-    fn arrive(&self) {
-        self.left.set(self.left.get().saturating_sub(1));
-        if self.left.get() == 0 {
-            self.done.notify_waiters();
-        }
-    }
-
-    async fn wait(&self) {
-        // A `Notified` receives `notify_waiters` from its creation on.
-        let done = self.done.notified();
-        if self.left.get() > 0 {
-            done.await;
-        }
-    }
-}
-
 /// Runs a streaming job. Extra figures: `connections_open` (at window
 /// open), `late_fetches` (a fetch took longer than its interval); in idle
 /// mode `idle_at_window` (connections whose one fetch succeeded before the
@@ -100,7 +69,7 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
             let gate = Rc::new(Semaphore::new(job.connect_concurrency.max(1)));
             let open_at_window = Rc::new(std::cell::Cell::new(0u64));
             let idle_at_window = Rc::new(std::cell::Cell::new(0u64));
-            let all_dialed = Rc::new(Barrier::new(per_thread));
+            let all_dialed = Rc::new(tokio::sync::Barrier::new(per_thread));
             let mut tasks = Vec::new();
             for _ in 0..per_thread {
                 let (dialer, tally, request, gate, open_at_window, idle_at_window, all_dialed) = (
@@ -128,9 +97,8 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
                         // with the handshakes left a saturated server with
                         // half its connections open when the window opened,
                         // and its memory per connection could not be compared.
-                        all_dialed.arrive();
-                        let mut tls = dialed?;
                         all_dialed.wait().await;
+                        let mut tls = dialed?;
                         if once {
                             let (_, done) =
                                 keepalive_request(&mut tls, &request, &mut buf, &clock, &tally)

@@ -13,7 +13,7 @@ use tlsgate_tls::TlsConnection;
 use tokio::net::TcpStream;
 
 use crate::flood::HandshakeSlot;
-use crate::generation::Generation;
+use crate::generation::{Generation, Site};
 use crate::http;
 use crate::limiter::Permit;
 use crate::respond::HttpCtx;
@@ -69,7 +69,7 @@ pub(crate) async fn handle(
             gen.config.limits.handshake_timeout,
             tlsgate_tls::accept(sock, &site.tls),
         ));
-    let serving = after_handshake(&shared, &gen, listener, peer, handshake.await, t0);
+    let serving = after_handshake(&shared, &gen, site, listener, peer, handshake.await, t0);
     // The handshake is over, however it ended: free its slot.
     drop(slot);
     if let Some(serving) = serving {
@@ -86,13 +86,13 @@ type Handshake =
 fn after_handshake<'a>(
     shared: &'a Shared,
     gen: &'a Generation,
+    site: &'a Site,
     listener: usize,
     peer: SocketAddr,
     handshake: Handshake,
     t0: Instant,
 ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>> {
     let m = &shared.metrics;
-    let site = gen.sites.get(listener)?;
     let conn = match handshake {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
