@@ -58,6 +58,16 @@ pub struct ProtocolLabel {
     pub protocol: &'static str,
 }
 
+/// An HTTP/2 frame that ends a stream or a connection with an error
+/// code, and the code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct H2ErrorLabel {
+    /// "rst_stream" or "goaway".
+    pub frame: &'static str,
+    /// RFC 9113 §7's name in lower case, e.g. "protocol_error".
+    pub code: &'static str,
+}
+
 /// A reload outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
@@ -171,6 +181,10 @@ pub struct Metrics {
     /// HTTP/2 connections ended by an error or a limit, and streams
     /// reset by the server, by reason.
     pub h2_rejected: Family<ReasonLabel, Counter>,
+    /// RST_STREAM and GOAWAY frames the server sent, by error code: also
+    /// the resets the `h2` crate makes by itself (malformed requests,
+    /// REFUSED_STREAM past the stream limit, flow-control errors).
+    pub h2_errors_sent: Family<H2ErrorLabel, Counter>,
     /// The reverse proxy's pools and servers.
     pub proxy: ProxyMetrics,
 }
@@ -221,6 +235,7 @@ impl Metrics {
             h2_streams_open: Gauge::default(),
             h2_streams: Counter::default(),
             h2_rejected: Family::default(),
+            h2_errors_sent: Family::default(),
             proxy: ProxyMetrics::new(),
         };
         m.proxy.register(&mut m.registry);
@@ -387,6 +402,11 @@ impl Metrics {
             "HTTP/2 connections ended by an error or a limit, and streams reset by the server, by reason",
             m.h2_rejected.clone(),
         );
+        r.register(
+            "h2_errors_sent",
+            "HTTP/2 RST_STREAM and GOAWAY frames sent, by error code (the h2 crate's own resets included)",
+            m.h2_errors_sent.clone(),
+        );
         m
     }
 
@@ -415,6 +435,13 @@ impl Metrics {
     pub fn count_h2_rejected(&self, reason: &'static str) {
         self.h2_rejected
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts a RST_STREAM or GOAWAY frame sent with error `code`.
+    pub fn count_h2_error_sent(&self, frame: &'static str, code: &'static str) {
+        self.h2_errors_sent
+            .get_or_create(&H2ErrorLabel { frame, code })
             .inc();
     }
 

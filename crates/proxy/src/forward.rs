@@ -10,9 +10,11 @@
 //! client connection on it, [`forward_stream`] an HTTP/2 stream (or any
 //! client side that sends a response as a head and then body pieces).
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tlsgate_http1::{
@@ -20,7 +22,7 @@ use tlsgate_http1::{
     write_status_line, BodyFraming, ChunkedDecoder, Method, RequestHead, ResponseFraming,
     ResponseHead, Version,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::timeout_at;
 
 use crate::conn::UpstreamConn;
@@ -532,8 +534,10 @@ async fn exchange<'p, B: RequestBody>(
             break;
         }
         let mut body_done = p.replay.is_some();
+        // What the upstream sent before the body was done (an early answer).
+        let mut early = Vec::new();
         if !body_done {
-            match send_body(body, p.framing, conn, pool, deadline).await {
+            match send_body(body, p.framing, conn, pool, deadline, &mut early).await {
                 Ok(()) => body_done = true,
                 Err(BodyError::Client(r)) => {
                     return Err(refused(r.status, r.reason, server_name(), false));
@@ -542,10 +546,22 @@ async fn exchange<'p, B: RequestBody>(
                 Err(BodyError::Upstream(f)) => {
                     tracing::debug!(pool = %pool.name(), "request body not taken: {}", f.reason());
                 }
+                // Neither connection can go on: the upstream's is not
+                // reused, the client's closes after the answer.
+                Err(BodyError::Answered) => {
+                    tracing::debug!(pool = %pool.name(), "upstream answered before the request body ended");
+                }
             }
         }
-        let response =
-            read_response(conn, p.method == &Method::Head, p.upgrade, pool, deadline).await;
+        let response = read_response(
+            conn,
+            p.method == &Method::Head,
+            p.upgrade,
+            pool,
+            deadline,
+            early,
+        )
+        .await;
         let (resp, ubuf) = match response {
             Ok(x) => x,
             Err(f) => {
@@ -762,6 +778,10 @@ enum BodyError {
     Client(BodyRefused),
     /// Writing to the upstream failed.
     Upstream(Failure),
+    /// The upstream began its final answer (or closed) before the body
+    /// ended: the rest of the body is not sent (RFC 9112 §9.3's early
+    /// response), and what it sent waits in the exchange's buffer.
+    Answered,
 }
 
 /// Streams the request body to the upstream, framed as announced:
@@ -774,6 +794,7 @@ async fn send_body<B: RequestBody>(
     conn: &mut UpstreamConn,
     pool: &Pool,
     deadline: Option<Instant>,
+    early: &mut Vec<u8>,
 ) -> Result<(), BodyError> {
     let chunked = framing == BodyFraming::Chunked;
     let announced = match framing {
@@ -790,7 +811,13 @@ async fn send_body<B: RequestBody>(
     let mut total: u64 = 0;
     let mut framed = Vec::new();
     loop {
-        let Some(data) = body.next().await.map_err(BodyError::Client)? else {
+        // While the client is slow to send, the upstream may answer.
+        let next = tokio::select! {
+            biased;
+            () = poll_fn(|cx| poll_answer(conn, early, cx)) => return Err(BodyError::Answered),
+            next = body.next() => next,
+        };
+        let Some(data) = next.map_err(BodyError::Client)? else {
             break;
         };
         // An empty chunk would end a chunked body.
@@ -810,22 +837,51 @@ async fn send_body<B: RequestBody>(
         } else {
             data
         };
-        up_write(conn, bytes, pool, deadline)
-            .await
-            .map_err(BodyError::Upstream)?;
+        up_write(conn, bytes, false, pool, deadline, early).await?;
     }
     if announced.is_some_and(|n| total != n) {
         return Err(mismatch);
     }
-    if chunked {
-        up_write(conn, b"0\r\n\r\n", pool, deadline)
-            .await
-            .map_err(BodyError::Upstream)?;
+    let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
+    up_write(conn, end, true, pool, deadline, early).await
+}
+
+/// Whether the upstream has begun its final answer while the request body
+/// is still being sent: Ready once a final response head (or bytes that
+/// cannot be one, or the end of the connection) arrived, all of it kept in
+/// `early` for [`read_response`]. Interim 1xx heads do not stop the body.
+fn poll_answer(conn: &mut UpstreamConn, early: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<()> {
+    // A rare path (an upstream answering early): a small stack buffer.
+    let mut tmp = [0u8; 4096];
+    loop {
+        let mut rb = ReadBuf::new(&mut tmp);
+        match Pin::new(&mut conn.stream).poll_read(cx, &mut rb) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(_)) => return Poll::Ready(()),
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => return Poll::Ready(()),
+            Poll::Ready(Ok(())) => early.extend_from_slice(rb.filled()),
+        }
+        if early.len() > MAX_RESPONSE_HEAD || final_head_in(early) {
+            return Poll::Ready(());
+        }
     }
-    conn.stream
-        .flush()
-        .await
-        .map_err(|_| BodyError::Upstream(Failure::Reset))
+}
+
+/// Whether `buf` holds a final response head after at most
+/// [`MAX_INTERIM`] interim ones, or bytes that are no response at all.
+fn final_head_in(buf: &[u8]) -> bool {
+    let mut at = 0;
+    for _ in 0..=MAX_INTERIM {
+        let rest = buf.get(at..).unwrap_or_default();
+        match parse_response(rest, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, false) {
+            Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
+                at += h.head_len();
+            }
+            Ok(Some(_)) | Err(_) => return true,
+            Ok(None) => return false,
+        }
+    }
+    true
 }
 
 /// The body of an HTTP/1.x request: read from the connection after its
@@ -928,20 +984,44 @@ impl<D: Downstream + Send> RequestBody for Http1Body<'_, D> {
     }
 }
 
-/// Writes request body bytes to the upstream under its idle timeout.
+/// Writes request body bytes to the upstream (and flushes, with `flush`)
+/// under its idle timeout, watching for an early answer meanwhile: an
+/// upstream that answered and stopped reading would otherwise hold the
+/// write until the timeout.
 async fn up_write(
     conn: &mut UpstreamConn,
     data: &[u8],
+    flush: bool,
     pool: &Pool,
     deadline: Option<Instant>,
-) -> Result<(), Failure> {
-    let fut = async {
-        conn.stream
-            .write_all(data)
-            .await
-            .map_err(|_| Failure::Reset)
-    };
-    within(deadline, pool.cfg.idle_timeout, Failure::IdleTimeout, fut).await
+    early: &mut Vec<u8>,
+) -> Result<(), BodyError> {
+    let mut rest = data;
+    let fut = poll_fn(|cx| {
+        if poll_answer(conn, early, cx).is_ready() {
+            return Poll::Ready(Ok(true));
+        }
+        while !rest.is_empty() {
+            match Pin::new(&mut conn.stream).poll_write(cx, rest) {
+                Poll::Ready(Ok(n)) if n > 0 => rest = rest.get(n..).unwrap_or_default(),
+                Poll::Ready(_) => return Poll::Ready(Err(Failure::Reset)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if flush {
+            return match Pin::new(&mut conn.stream).poll_flush(cx) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(false)),
+                Poll::Ready(Err(_)) => Poll::Ready(Err(Failure::Reset)),
+                Poll::Pending => Poll::Pending,
+            };
+        }
+        Poll::Ready(Ok(false))
+    });
+    match within(deadline, pool.cfg.idle_timeout, Failure::IdleTimeout, fut).await {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(BodyError::Answered),
+        Err(f) => Err(BodyError::Upstream(f)),
+    }
 }
 
 async fn read_client<D: Downstream>(
@@ -962,18 +1042,23 @@ async fn read_client<D: Downstream>(
     }
 }
 
-/// Reads the final response head (skipping interim 1xx ones); returns it
-/// and the bytes read past it.
+/// Reads the final response head (skipping interim 1xx ones), after the
+/// bytes already in `early`; returns it and the bytes read past it.
 async fn read_response(
     conn: &mut UpstreamConn,
     head_request: bool,
     upgrade: bool,
     pool: &Pool,
     deadline: Option<Instant>,
+    early: Vec<u8>,
 ) -> Result<(ResponseHead, Vec<u8>), Failure> {
     // As large as the first read reserves below: no reallocation (and copy)
     // per response.
-    let mut ubuf: Vec<u8> = Vec::with_capacity(READ_RESERVE);
+    let mut ubuf: Vec<u8> = if early.is_empty() {
+        Vec::with_capacity(READ_RESERVE)
+    } else {
+        early
+    };
     let mut interim = 0;
     let fut = async {
         loop {

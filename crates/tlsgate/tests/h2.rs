@@ -717,6 +717,35 @@ fn zero_window_reader_is_reset_after_the_send_timeout() {
     assert!(t0.elapsed() >= Duration::from_secs(2));
     s.expect_metric_line("tlsgate_timeouts_total{reason=\"h2_stream_send\"} 1\n");
     s.expect_metric_line("tlsgate_h2_streams_open 0\n");
+    s.expect_metric_line("tlsgate_h2_errors_sent_total{frame=\"rst_stream\",code=\"cancel\"} 1\n");
+}
+
+#[test]
+fn resets_h2_makes_by_itself_are_counted_by_code() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "max_concurrent_streams = 1");
+    let mut frames = preface(&[]);
+    // A connection-specific field is malformed (RFC 9113 §8.2.2): h2
+    // resets the stream with PROTOCOL_ERROR without telling the server.
+    let mut malformed = get_block("/hello.txt");
+    malformed.extend_from_slice(&[0x00, 10]);
+    malformed.extend_from_slice(b"connection");
+    malformed.extend_from_slice(&[5]);
+    malformed.extend_from_slice(b"close");
+    frames.extend(frame(frame::HEADERS, 0x5, 1, &malformed));
+    // A second stream while the first (a big file, nothing read) is
+    // open passes SETTINGS_MAX_CONCURRENT_STREAMS: REFUSED_STREAM.
+    frames.extend(frame(frame::HEADERS, 0x5, 3, &get_block("/big.bin")));
+    frames.extend(frame(frame::HEADERS, 0x5, 5, &get_block("/hello.txt")));
+    let seen = flood_case(&s, frames, Duration::from_secs(2), 2);
+    assert!(seen.resets.contains(&(1, 0x1)), "{seen:?}");
+    assert!(seen.resets.contains(&(5, 0x7)), "{seen:?}");
+    s.expect_metric_line(
+        "tlsgate_h2_errors_sent_total{frame=\"rst_stream\",code=\"protocol_error\"} 1\n",
+    );
+    s.expect_metric_line(
+        "tlsgate_h2_errors_sent_total{frame=\"rst_stream\",code=\"refused_stream\"} 1\n",
+    );
 }
 
 #[test]

@@ -254,6 +254,72 @@ fn curl_http2_through_the_proxy_is_byte_exact_both_ways() {
 }
 
 #[test]
+fn an_upstream_that_answers_before_the_body_ends_is_relayed_at_once() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("early", &[(a.address(), 1)], "idle_timeout = \"30s\"", "");
+    let s = start(
+        &fx,
+        "",
+        &pools,
+        &route("/", "early", "max_body_bytes = 209715200"),
+    );
+    let t0 = Instant::now();
+    let r = rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        let post = http::Request::post("https://app.test/early")
+            .header("content-length", (64u64 << 20).to_string())
+            .body(())
+            .unwrap();
+        exchange(&c, post, Some(pattern(64 << 20))).await
+    });
+    let took = t0.elapsed();
+    assert_eq!((r.status, &r.body[..]), (413, &b"too big!"[..]));
+    // Not after the upstream's idle timeout (30 s) ran out on the upload.
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // The rest of the upload is called off without error (RFC 9113 §8.1).
+    s.expect_metric_line(
+        "tlsgate_h2_errors_sent_total{frame=\"rst_stream\",code=\"no_error\"} 1\n",
+    );
+    a.kill();
+}
+
+#[test]
+fn expect_100_continue_is_answered_once_a_server_has_the_head() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let s = start(&fx, "", &pools, &route("/", "app", ""));
+    let data = pattern(300_000);
+    let input = fx.path().join("upload");
+    std::fs::write(&input, &data).unwrap();
+    let upload = format!("@{}", input.display());
+    // curl waits up to 10 s for the 100 before it sends the body anyway.
+    let o = s.curl(&[
+        "--http2",
+        "-v",
+        "--expect100-timeout",
+        "10",
+        "-H",
+        "Expect: 100-continue",
+        "--data-binary",
+        &upload,
+        &s.url("/echo"),
+    ]);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{log}");
+    assert!(log.contains("< HTTP/2 100"), "no interim 100 in:\n{log}");
+    assert!(o.stdout == data, "the echo differs");
+    // The upstream never saw `Expect` (tlsgate answered it).
+    assert!(!a
+        .last_head
+        .lock()
+        .unwrap()
+        .to_ascii_lowercase()
+        .contains("expect:"));
+}
+
+#[test]
 fn request_bodies_over_the_limit_are_refused_and_never_reach_the_upstream_whole() {
     let fx = Fixture::new();
     let a = Upstream::start("a", None);

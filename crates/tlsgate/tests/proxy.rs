@@ -582,6 +582,65 @@ fn chunked_uploads_and_downloads_are_byte_exact_up_to_100_mib() {
 }
 
 #[test]
+fn an_upstream_that_answers_before_the_body_ends_is_relayed_at_once() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    // A long idle timeout: the old exchange sent the whole body first and
+    // stalled until it passed.
+    let pools = pool("early", &[(a.address(), 1)], "idle_timeout = \"30s\"", "");
+    let server = start(
+        &fx,
+        "",
+        &pools,
+        &route("/", "early", "max_body_bytes = 209715200"),
+    );
+    // Far more than the socket buffers between the proxy and the upstream.
+    let input = fx.path().join("upload");
+    std::fs::write(&input, pattern(64 << 20)).unwrap();
+    let upload = format!("@{}", input.display());
+    let out = fx.path().join("answer");
+    for (what, extra) in [
+        ("Content-Length", None),
+        ("chunked", Some("Transfer-Encoding: chunked")),
+    ] {
+        let t0 = Instant::now();
+        let mut args = vec!["--data-binary", &upload];
+        if let Some(h) = extra {
+            args.extend(["-H", h]);
+        }
+        let url = server.url("/early");
+        args.push(&url);
+        let resolve = format!("localhost:{}:127.0.0.1", server.addr.port());
+        let o = Command::new("curl")
+            .args([
+                "-sS",
+                "-k",
+                "--http1.1",
+                "--max-time",
+                "25",
+                "--resolve",
+                &resolve,
+            ])
+            .args(["-o", out.to_str().unwrap(), "-w", "%{http_code}"])
+            .args(&args)
+            .output()
+            .unwrap();
+        let took = t0.elapsed();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "413", "{what}: {o:?}");
+        assert_eq!(std::fs::read(&out).unwrap(), b"too big!", "{what}");
+        assert!(took < Duration::from_secs(10), "{what}: took {took:?}");
+    }
+    // Those upstream connections were not reused: the next request gets
+    // its answer on a fresh one.
+    let conns = a.conns.load(Ordering::Relaxed);
+    let mut s = tls_connect(server.addr);
+    let r = get(&mut s, "/id", "").unwrap();
+    assert_eq!((r.status, body_text(&r).as_str()), (200, "a"));
+    assert_eq!(a.conns.load(Ordering::Relaxed), conns + 1);
+    a.kill();
+}
+
+#[test]
 fn smuggling_shaped_requests_never_reach_the_upstream() {
     let fx = Fixture::new();
     let a = Upstream::start("a", None);

@@ -10,7 +10,9 @@
 //! (CONTINUATION floods, CVE-2024-27316) trips it too. Once tripped the
 //! stream reads nothing more and the connection loop answers with GOAWAY
 //! ENHANCE_YOUR_CALM. It also notes since when writes wait for a client
-//! that does not read, for the connection's send timeout.
+//! that does not read, for the connection's send timeout, and counts the
+//! RST_STREAM and GOAWAY frames the server sends by error code (`h2`
+//! resets streams by itself and does not say so).
 
 use std::io;
 use std::pin::Pin;
@@ -19,6 +21,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use tlsgate_config::{FrameRate, Http2};
+use tlsgate_metrics::Metrics;
 use tlsgate_tls::TlsConnection;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
@@ -117,11 +120,36 @@ impl Alarm {
     }
 }
 
+/// A 9-byte frame header gathered across reads that split it anywhere.
+#[derive(Default)]
+struct FrameHead {
+    bytes: [u8; 9],
+    have: usize,
+}
+
+impl FrameHead {
+    /// Takes header bytes off the front of `input`; the header once whole.
+    fn gather(&mut self, input: &mut &[u8]) -> Option<[u8; 9]> {
+        let n = (9 - self.have).min(input.len());
+        if let (Some(dst), Some(src)) =
+            (self.bytes.get_mut(self.have..self.have + n), input.get(..n))
+        {
+            dst.copy_from_slice(src);
+        }
+        self.have += n;
+        *input = input.get(n..).unwrap_or_default();
+        if self.have < 9 {
+            return None;
+        }
+        self.have = 0;
+        Some(self.bytes)
+    }
+}
+
 /// Follows the frame layout of the client's bytes.
 struct FrameReader {
     preface_left: usize,
-    head: [u8; 9],
-    have: usize,
+    head: FrameHead,
     payload_left: usize,
     /// HEADERS and CONTINUATION frames of the header block being received.
     block_frames: Option<u32>,
@@ -134,8 +162,7 @@ impl FrameReader {
     fn new(limits: &Http2, now: Instant) -> Self {
         Self {
             preface_left: PREFACE_LEN,
-            head: [0; 9],
-            have: 0,
+            head: FrameHead::default(),
             payload_left: 0,
             block_frames: None,
             max_block_frames: limits.max_header_frames,
@@ -159,17 +186,7 @@ impl FrameReader {
                 bytes = bytes.get(n..).unwrap_or_default();
                 continue;
             }
-            let n = (9 - self.have).min(bytes.len());
-            if let (Some(dst), Some(src)) =
-                (self.head.get_mut(self.have..self.have + n), bytes.get(..n))
-            {
-                dst.copy_from_slice(src);
-            }
-            self.have += n;
-            bytes = bytes.get(n..).unwrap_or_default();
-            if self.have == 9 {
-                self.have = 0;
-                let [l0, l1, l2, kind, flags, ..] = self.head;
+            if let Some([l0, l1, l2, kind, flags, ..]) = self.head.gather(&mut bytes) {
                 let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
                 self.payload_left = len;
                 self.frame(kind, flags, len, now)?;
@@ -214,6 +231,91 @@ impl FrameReader {
     }
 }
 
+/// RFC 9113 §7's name of an error code, as a metric label.
+fn error_code_name(code: u32) -> &'static str {
+    match code {
+        0x0 => "no_error",
+        0x1 => "protocol_error",
+        0x2 => "internal_error",
+        0x3 => "flow_control_error",
+        0x4 => "settings_timeout",
+        0x5 => "stream_closed",
+        0x6 => "frame_size_error",
+        0x7 => "refused_stream",
+        0x8 => "cancel",
+        0x9 => "compression_error",
+        0xa => "connect_error",
+        0xb => "enhance_your_calm",
+        0xc => "inadequate_security",
+        0xd => "http_1_1_required",
+        _ => "unknown",
+    }
+}
+
+/// Follows the frame layout of the server's bytes for the frames that end
+/// a stream or the connection with an error code: only frame headers and
+/// the first 8 payload bytes of those two types are looked at.
+#[derive(Default)]
+struct SentFrames {
+    head: FrameHead,
+    payload_left: usize,
+    /// RST_STREAM or GOAWAY being read: its type and where its code ends.
+    ending: Option<(u8, usize)>,
+    code: [u8; 8],
+    code_have: usize,
+}
+
+impl SentFrames {
+    /// Follows `bytes`; `ended(frame, code)` for each RST_STREAM or GOAWAY.
+    fn observe(&mut self, mut bytes: &[u8], ended: &mut impl FnMut(&'static str, &'static str)) {
+        while !bytes.is_empty() {
+            if self.payload_left > 0 {
+                let mut n = self.payload_left.min(bytes.len());
+                if let Some((kind, code_end)) = self.ending {
+                    n = n.min(code_end - self.code_have);
+                    if let (Some(dst), Some(src)) = (
+                        self.code.get_mut(self.code_have..self.code_have + n),
+                        bytes.get(..n),
+                    ) {
+                        dst.copy_from_slice(src);
+                    }
+                    self.code_have += n;
+                    if self.code_have == code_end {
+                        self.ending = None;
+                        let at = code_end - 4;
+                        let code = self
+                            .code
+                            .get(at..code_end)
+                            .and_then(|c| <[u8; 4]>::try_from(c).ok())
+                            .map_or(u32::MAX, u32::from_be_bytes);
+                        let frame = if kind == frame::GOAWAY {
+                            "goaway"
+                        } else {
+                            "rst_stream"
+                        };
+                        ended(frame, error_code_name(code));
+                    }
+                }
+                self.payload_left -= n;
+                bytes = bytes.get(n..).unwrap_or_default();
+                continue;
+            }
+            if let Some([l0, l1, l2, kind, ..]) = self.head.gather(&mut bytes) {
+                let len = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
+                self.payload_left = len;
+                // The code: all of RST_STREAM's payload, GOAWAY's bytes 4..8.
+                let code_end = match kind {
+                    frame::RST_STREAM => 4,
+                    frame::GOAWAY => 8,
+                    _ => 0,
+                };
+                self.code_have = 0;
+                self.ending = (code_end > 0 && len >= code_end).then_some((kind, code_end));
+            }
+        }
+    }
+}
+
 /// The TLS connection under h2, shared between h2's I/O ([`GuardedIo`])
 /// and the connection loop, which sends the records ([`poll_send_records`]).
 pub(super) type SharedConn<'c> = Mutex<&'c mut TlsConnection>;
@@ -254,24 +356,45 @@ pub(super) fn poll_flush(conn: &SharedConn<'_>, cx: &mut Context<'_>) -> Poll<io
 pub(super) struct GuardedIo<'a, 'c> {
     conn: &'a SharedConn<'c>,
     frames: FrameReader,
+    sent_frames: SentFrames,
     alarm: &'a Alarm,
+    metrics: &'a Metrics,
     /// Sent bytes not yet turned into control-frame credit.
     sent: usize,
 }
 
 impl<'a, 'c> GuardedIo<'a, 'c> {
-    pub fn new(conn: &'a SharedConn<'c>, limits: &Http2, alarm: &'a Alarm) -> Self {
+    pub fn new(
+        conn: &'a SharedConn<'c>,
+        limits: &Http2,
+        alarm: &'a Alarm,
+        metrics: &'a Metrics,
+    ) -> Self {
         Self {
             conn,
             frames: FrameReader::new(limits, Instant::now()),
+            sent_frames: SentFrames::default(),
             alarm,
+            metrics,
             sent: 0,
         }
     }
 
-    fn wrote(&mut self, r: &Poll<io::Result<usize>>) {
+    fn wrote(&mut self, bufs: &[io::IoSlice<'_>], r: &Poll<io::Result<usize>>) {
         match r {
             Poll::Ready(Ok(n)) => {
+                let metrics = self.metrics;
+                let mut ended = |frame, code| metrics.count_h2_error_sent(frame, code);
+                let mut left = *n;
+                for buf in bufs {
+                    if left == 0 {
+                        break;
+                    }
+                    let take = left.min(buf.len());
+                    self.sent_frames
+                        .observe(buf.get(..take).unwrap_or_default(), &mut ended);
+                    left -= take;
+                }
                 self.alarm.set_blocked(false);
                 self.sent += n;
                 if self.sent >= BYTES_PER_CONTROL_FRAME {
@@ -331,7 +454,7 @@ impl AsyncWrite for GuardedIo<'_, '_> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut **lock(this.conn)).poll_write_vectored(cx, bufs);
-        this.wrote(&r);
+        this.wrote(bufs, &r);
         r
     }
 
@@ -405,6 +528,38 @@ mod tests {
             r.observe(&frame(frame::RST_STREAM, 0, &[0, 0, 0, 8]), now),
             Err("reset_flood")
         );
+    }
+
+    #[test]
+    fn sent_resets_and_goaways_are_counted_by_code_however_split() {
+        let mut wire = frame(frame::HEADERS, frame::END_HEADERS, &[0x88; 3]);
+        wire.extend(frame(frame::DATA, 0, &[7; 40]));
+        wire.extend(frame(frame::RST_STREAM, 0, &[0, 0, 0, 7]));
+        // A RST_STREAM's code inside a DATA payload is not a frame.
+        wire.extend(frame(
+            frame::DATA,
+            0,
+            &frame(frame::RST_STREAM, 0, &[0, 0, 0, 1]),
+        ));
+        wire.extend(frame(
+            frame::GOAWAY,
+            0,
+            &[0, 0, 0, 5, 0, 0, 0, 0xb, b'x', b'y'],
+        ));
+        wire.extend(frame(frame::RST_STREAM, 0, &[0, 0, 0, 0x42]));
+        let expected = vec![
+            ("rst_stream", "refused_stream"),
+            ("goaway", "enhance_your_calm"),
+            ("rst_stream", "unknown"),
+        ];
+        for step in [1, 3, 10, wire.len()] {
+            let mut seen = Vec::new();
+            let mut f = SentFrames::default();
+            for piece in wire.chunks(step) {
+                f.observe(piece, &mut |frame, code| seen.push((frame, code)));
+            }
+            assert_eq!(seen, expected, "split every {step} bytes");
+        }
     }
 
     #[test]

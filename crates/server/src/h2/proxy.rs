@@ -8,7 +8,7 @@
 //! never the connection.
 
 use std::future::poll_fn;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -76,7 +76,14 @@ pub(super) async fn serve(
         max_body,
     };
     let limits = &cx.gen.config.limits;
+    // The body's side sends `100 Continue` (`Expect` is not passed on), the
+    // response's side the rest: one handle, shared.
+    let respond = Mutex::new(respond);
+    let expects_continue = !req.end_stream
+        && h.get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let mut body = StreamBody {
+        continue_to: expects_continue.then_some(&respond),
         recv: body,
         taken: 0,
         chunk: Bytes::new(),
@@ -87,7 +94,7 @@ pub(super) async fn serve(
         ended: false,
     };
     let mut client = Stream {
-        respond,
+        respond: &respond,
         send: None,
         send_timeout: limits.send_timeout,
     };
@@ -123,7 +130,7 @@ pub(super) async fn serve(
             let body_bytes = if status == CLIENT_CLOSED {
                 0
             } else {
-                super::send_text(&mut client.respond, status, is_head, cx)
+                super::send_text(&mut lock(&respond), status, is_head, cx)
             };
             Answered {
                 status,
@@ -245,10 +252,18 @@ fn translate<'a>(
     })
 }
 
+fn lock<'a>(respond: &'a Mutex<SendResponse<Bytes>>) -> MutexGuard<'a, SendResponse<Bytes>> {
+    respond.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A stream's request body as tlsgate-proxy reads it: within the route's
 /// limit and the body timeout; each piece's window is given back once the
 /// proxy asks for the next, i.e. once the piece is upstream.
-struct StreamBody {
+struct StreamBody<'r> {
+    /// `Expect: 100-continue` asked for, not yet answered: the interim
+    /// response goes out when the proxy first asks for the body, once a
+    /// server has the request head (as for HTTP/1.1 clients).
+    continue_to: Option<&'r Mutex<SendResponse<Bytes>>>,
     recv: RecvStream,
     /// Bytes handed out and not yet given back to the client's window.
     taken: usize,
@@ -264,8 +279,15 @@ fn refused(status: u16, reason: &'static str) -> BodyRefused {
     BodyRefused { status, reason }
 }
 
-impl RequestBody for StreamBody {
+impl RequestBody for StreamBody<'_> {
     async fn next(&mut self) -> Result<Option<&[u8]>, BodyRefused> {
+        if let Some(respond) = self.continue_to.take() {
+            let mut interim = Response::new(());
+            *interim.status_mut() = StatusCode::CONTINUE;
+            if lock(respond).send_informational(interim).is_err() {
+                return Err(refused(400, "client_gone"));
+            }
+        }
         if self.taken > 0 {
             let _ = self.recv.flow_control().release_capacity(self.taken);
             self.taken = 0;
@@ -307,14 +329,14 @@ impl RequestBody for StreamBody {
 }
 
 /// The response side of a stream, as tlsgate-proxy sends through it.
-struct Stream {
-    respond: SendResponse<Bytes>,
+struct Stream<'r> {
+    respond: &'r Mutex<SendResponse<Bytes>>,
     /// Once the head is sent.
     send: Option<SendStream<Bytes>>,
     send_timeout: Duration,
 }
 
-impl Responder for Stream {
+impl Responder for Stream<'_> {
     fn head(
         &mut self,
         status: u16,
@@ -335,8 +357,7 @@ impl Responder for Stream {
                 headers.append(n, v);
             }
         }
-        let send = self
-            .respond
+        let send = lock(self.respond)
             .send_response(head, end)
             .map_err(|_| SendError::Gone)?;
         self.send = Some(send);
@@ -383,14 +404,14 @@ impl Responder for Stream {
         // handle; after it, on the body's.
         let _ = match self.send.as_mut() {
             Some(send) => poll_fn(|c| send.poll_reset(c)).await,
-            None => poll_fn(|c| self.respond.poll_reset(c)).await,
+            None => poll_fn(|c| lock(self.respond).poll_reset(c)).await,
         };
     }
 
     fn abort(&mut self) {
         match self.send.as_mut() {
             Some(send) => send.send_reset(Reason::INTERNAL_ERROR),
-            None => self.respond.send_reset(Reason::INTERNAL_ERROR),
+            None => lock(self.respond).send_reset(Reason::INTERNAL_ERROR),
         }
     }
 }

@@ -198,6 +198,17 @@ fn serve_conn(
             .filter_map(|l| l.split_once(':'))
             .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
             .collect();
+        if request_line.starts_with("POST /early ") {
+            // Refuses an upload before reading its body, then reads nothing
+            // more (and keeps the connection) until stopped or 30 s pass.
+            let refusal = b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\n\r\ntoo big!";
+            let _ = io.write_all(refusal).and_then(|()| io.flush());
+            let until = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return;
+        }
         let body = if headers
             .get("transfer-encoding")
             .is_some_and(|v| v == "chunked")
