@@ -61,6 +61,10 @@ pub struct UpstreamSection {
     /// How long a server failed that way stays out.
     #[serde(with = "humantime_serde::option")]
     pub fail_timeout: Option<Duration>,
+    /// How often server host names are resolved again (default 30 s;
+    /// "0s" = only when the configuration is loaded).
+    #[serde(with = "humantime_serde::option")]
+    pub resolve_interval: Option<Duration>,
     /// Active health checks.
     pub health_check: Option<HealthCheckSection>,
 }
@@ -69,7 +73,8 @@ pub struct UpstreamSection {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct UpstreamServerSection {
-    /// "host:port"; a host name is resolved when the config is loaded.
+    /// "host:port"; a host name is resolved when the config is loaded and
+    /// again every `resolve_interval`.
     pub address: String,
     /// Share of requests relative to the pool's other servers (default 1).
     pub weight: Option<u32>,
@@ -164,6 +169,8 @@ pub struct UpstreamServer {
     pub addr: SocketAddr,
     /// At least 1.
     pub weight: u32,
+    /// The host is a name (not an IP literal): resolved again while running.
+    pub named: bool,
 }
 
 /// Active health checks.
@@ -199,6 +206,8 @@ pub struct Upstream {
     pub max_fails: u32,
     pub fail_timeout: Duration,
     pub health_check: Option<HealthCheck>,
+    /// Zero: names are resolved only at load.
+    pub resolve_interval: Duration,
 }
 
 /// Where a route sends its requests.
@@ -359,6 +368,7 @@ fn validate_upstream(
         max_fails: c.within(&key("max_fails"), u.max_fails.unwrap_or(3), 0, 1000)?,
         fail_timeout: positive("fail_timeout", u.fail_timeout, 10_000)?,
         health_check,
+        resolve_interval: u.resolve_interval.unwrap_or(Duration::from_secs(30)),
     })
 }
 
@@ -388,6 +398,7 @@ fn validate_server(
         .to_string();
     Ok(UpstreamServer {
         address: address.clone(),
+        named: host.parse::<std::net::IpAddr>().is_err(),
         host,
         addr,
         weight: c.within(&format!("{sk}.weight"), s.weight.unwrap_or(1), 1, 1000)?,
@@ -666,6 +677,9 @@ mod tests {
         assert_eq!(u.servers[0].addr, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(u.retries, 2);
         assert_eq!(u.connect_timeout, Duration::from_secs(5));
+        // Names are resolved again every 30 s; IP literals never.
+        assert_eq!(u.resolve_interval, Duration::from_secs(30));
+        assert_eq!((u.servers[0].named, u.servers[1].named), (false, true));
         let h = u.health_check.as_ref().unwrap();
         assert_eq!((h.path.as_str(), h.rise, h.fall), ("/healthz", 1, 3));
         let r = &c.listeners[0].routes;
@@ -674,6 +688,14 @@ mod tests {
         assert_eq!(r[0].max_body_bytes, c.limits.max_body_bytes);
         assert!(matches!(&r[1].target, RouteTarget::Root(p) if p.is_absolute()));
         assert_eq!(r[1].max_body_bytes, 0);
+    }
+
+    #[test]
+    fn name_resolution_can_be_left_to_load_time() {
+        let c = load_text(&with(&pool("resolve_interval = \"0s\"\n"), "")).unwrap();
+        assert!(c.upstreams[0].resolve_interval.is_zero());
+        let c = load_text(&with(&pool("resolve_interval = \"5m\"\n"), "")).unwrap();
+        assert_eq!(c.upstreams[0].resolve_interval, Duration::from_secs(300));
     }
 
     #[test]

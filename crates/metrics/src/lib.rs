@@ -13,7 +13,9 @@ use prometheus_client::registry::Registry;
 pub use prometheus_client::collector::Collector;
 
 mod proxy;
-pub use proxy::{PoolLabel, ProxyErrorLabels, ProxyMetrics, ServerErrorLabels, ServerLabels};
+pub use proxy::{
+    PoolLabel, ProxyErrorLabels, ProxyMetrics, ResolutionLabels, ServerErrorLabels, ServerLabels,
+};
 
 /// The metric types, for code that keeps clones of single metrics.
 pub mod types {

@@ -30,6 +30,17 @@ pub struct ServerErrorLabels {
     pub kind: &'static str,
 }
 
+/// A resolution of a server's host name, by what came of it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResolutionLabels {
+    /// The pool's name.
+    pub pool: String,
+    /// The server's address as configured.
+    pub server: String,
+    /// `changed`, `unchanged` or `failed` (the last address is kept).
+    pub result: &'static str,
+}
+
 /// A pool's label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
@@ -72,6 +83,8 @@ pub struct ProxyMetrics {
     pub retries: Family<PoolLabel, Counter>,
     /// Error answers to clients.
     pub proxy_errors: Family<ProxyErrorLabels, Counter>,
+    /// Host names resolved again while running.
+    pub resolutions: Family<ResolutionLabels, Counter>,
 }
 
 impl ProxyMetrics {
@@ -85,6 +98,7 @@ impl ProxyMetrics {
             connections_idle: Family::default(),
             retries: Family::default(),
             proxy_errors: Family::default(),
+            resolutions: Family::default(),
         }
     }
 
@@ -128,6 +142,11 @@ impl ProxyMetrics {
             "proxy_errors",
             "Error answers (502, 503, 504) of proxied requests, by reason",
             self.proxy_errors.clone(),
+        );
+        r.register(
+            "upstream_resolutions",
+            "Upstream server host names resolved again, by result (changed, unchanged, failed)",
+            self.resolutions.clone(),
         );
     }
 }

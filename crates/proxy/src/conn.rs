@@ -2,6 +2,7 @@
 //! past the last response, and the gauge of open connections it keeps right.
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -73,17 +74,21 @@ pub(crate) struct UpstreamConn {
     pub reused: bool,
     /// When it was put into the idle pool.
     pub idle_since: Instant,
+    /// The address it was opened to (a server's name may since resolve
+    /// to another).
+    pub addr: SocketAddr,
     open: Gauge,
 }
 
 impl UpstreamConn {
-    pub fn new(stream: Stream, server: usize, open: Gauge) -> Self {
+    pub fn new(stream: Stream, server: usize, addr: SocketAddr, open: Gauge) -> Self {
         open.inc();
         Self {
             stream,
             server,
             reused: false,
             idle_since: Instant::now(),
+            addr,
             open,
         }
     }

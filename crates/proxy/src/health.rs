@@ -20,30 +20,13 @@ pub(crate) fn start(pools: &[Arc<Pool>]) -> std::io::Result<()> {
     if targets.is_empty() {
         return Ok(());
     }
-    std::thread::Builder::new()
-        .name("health-checks".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("health checks: cannot start their runtime: {e}");
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let tasks: Vec<_> = targets
-                    .into_iter()
-                    .map(|(pool, i)| tokio::spawn(check_loop(pool, i)))
-                    .collect();
-                for t in tasks {
-                    let _ = t.await;
-                }
-            });
-        })?;
-    Ok(())
+    crate::background::run(
+        "health-checks",
+        targets
+            .into_iter()
+            .map(|(pool, i)| check_loop(pool, i))
+            .collect(),
+    )
 }
 
 async fn check_loop(pool: Weak<Pool>, i: usize) {

@@ -14,12 +14,14 @@
 //! [`Downstream`].
 #![forbid(unsafe_code)]
 
+mod background;
 mod balance;
 mod conn;
 mod error;
 mod forward;
 mod health;
 mod pool;
+mod resolve;
 mod route;
 mod tls;
 

@@ -3,8 +3,9 @@
 //! new connections (TCP, then TLS) under the connect timeout, and the
 //! choice of a server.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use tlsgate_config::{ConfigError, HashKey, Upstream};
@@ -31,6 +32,8 @@ fn thread_slot() -> usize {
 /// One server of a pool.
 pub(crate) struct Server {
     pub cfg: tlsgate_config::UpstreamServer,
+    /// Where new connections go: `cfg.addr` until a name resolves anew.
+    addr: RwLock<SocketAddr>,
     pub labels: ServerLabels,
     in_flight: AtomicUsize,
     /// Consecutive failures (passive checks).
@@ -66,6 +69,13 @@ pub(crate) struct Lease<'p> {
     pool: &'p Pool,
     pub conn: Option<UpstreamConn>,
     pub server: usize,
+}
+
+impl Server {
+    /// Where new connections to it go.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        *self.addr.read().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Drop for Lease<'_> {
@@ -105,6 +115,7 @@ impl Pool {
                 let healthy_gauge = metrics.healthy.get_or_create(&labels).clone();
                 healthy_gauge.set(1);
                 Server {
+                    addr: RwLock::new(s.addr),
                     cfg: s.clone(),
                     in_flight: AtomicUsize::new(0),
                     fails: AtomicU32::new(0),
@@ -214,7 +225,10 @@ impl Pool {
                 let popped = list.lock().unwrap_or_else(|e| e.into_inner()).pop();
                 let Some(mut c) = popped else { break };
                 s.idle_gauge.dec();
-                if c.idle_since.elapsed() < self.cfg.idle_timeout && c.looks_alive() {
+                if c.idle_since.elapsed() < self.cfg.idle_timeout
+                    && c.addr == s.addr()
+                    && c.looks_alive()
+                {
                     c.reused = true;
                     lease.conn = Some(c);
                     return Ok(());
@@ -235,7 +249,8 @@ impl Pool {
     /// Opens a connection to server `i` (TCP, then TLS if configured).
     pub(crate) async fn open(&self, i: usize) -> Result<UpstreamConn, Failure> {
         let s = self.servers.get(i).ok_or(Failure::NoServer)?;
-        let tcp = TcpStream::connect(s.cfg.addr).await.map_err(|e| {
+        let addr = s.addr();
+        let tcp = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!(pool = %self.cfg.name, server = %s.cfg.address, "connect: {e}");
             Failure::Connect
         })?;
@@ -251,7 +266,7 @@ impl Pool {
                 Stream::Tls(Box::new(tls))
             }
         };
-        Ok(UpstreamConn::new(stream, i, s.open.clone()))
+        Ok(UpstreamConn::new(stream, i, addr, s.open.clone()))
     }
 
     /// Keeps a connection whose last exchange ended cleanly for reuse by
@@ -260,6 +275,10 @@ impl Pool {
         let Some(s) = self.servers.get(conn.server) else {
             return;
         };
+        // Opened to an address the server's name no longer resolves to.
+        if conn.addr != s.addr() {
+            return;
+        }
         let Some(list) = s.idle.get(thread_slot() % s.idle.len()) else {
             return;
         };
@@ -326,6 +345,22 @@ impl Pool {
         s.response_seconds.observe(latency.as_secs_f64());
     }
 
+    /// Points server `i`'s new connections at `addr` (its name resolved
+    /// anew); idle connections to the old address are let go as they are
+    /// taken or checked in. `false` when it was already there.
+    pub(crate) fn readdress(&self, i: usize, addr: SocketAddr) -> bool {
+        let Some(s) = self.servers.get(i) else {
+            return false;
+        };
+        let mut current = s.addr.write().unwrap_or_else(|e| e.into_inner());
+        if *current == addr {
+            return false;
+        }
+        tracing::info!(pool = %self.cfg.name, server = %s.cfg.address, "upstream server now resolves to {addr} (was {})", *current);
+        *current = addr;
+        true
+    }
+
     pub(crate) fn count_request(&self, i: usize) {
         if let Some(s) = self.servers.get(i) {
             s.requests.inc();
@@ -367,10 +402,12 @@ impl Pools {
         self.pools.get(i)
     }
 
-    /// Starts the active health checks of every pool that has them, on a
-    /// thread of their own that ends once these pools are dropped (after
-    /// a reload, when the last request of the old generation is done).
-    pub fn start_health_checks(&self) -> std::io::Result<()> {
-        crate::health::start(&self.pools)
+    /// Starts the active health checks of every pool that has them and the
+    /// resolution of server names again, each on a thread of its own that
+    /// ends once these pools are dropped (after a reload, when the last
+    /// request of the old generation is done).
+    pub fn start_background_tasks(&self) -> std::io::Result<()> {
+        crate::health::start(&self.pools)?;
+        crate::resolve::start(&self.pools)
     }
 }

@@ -239,7 +239,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     // Every socket is bound and no thread runs yet: drop privileges now.
     privileges::drop(ids)?;
     // A thread of their own: started once privileges are gone.
-    gen.pools.start_health_checks()?;
+    gen.pools.start_background_tasks()?;
     let access_log = AccessLog::start(&gen.config.access_log.target)?;
 
     let (shutdown, _) = watch::channel(false);
@@ -346,8 +346,10 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
                 .access_log
                 .reopen(new.config.access_log.target.clone());
             let origin = new.config.origin.clone();
-            if let Err(e) = new.pools.start_health_checks() {
-                tracing::error!("cannot start the new pools' health checks: {e}");
+            if let Err(e) = new.pools.start_background_tasks() {
+                tracing::error!(
+                    "cannot start the new pools' health checks and name resolution: {e}"
+                );
             }
             keys.set_active(new.key_ids.clone());
             shared.current.store(Arc::new(new));

@@ -641,6 +641,75 @@ fn an_upstream_that_answers_before_the_body_ends_is_relayed_at_once() {
 }
 
 #[test]
+fn a_server_name_that_resolves_anew_gets_the_new_connections() {
+    // The name lives in an /etc/hosts of tlsgate's own: a private mount
+    // namespace (root, as the XDP tests) with a file the test rewrites.
+    let fx = Fixture::new();
+    let a = Upstream::start_at("a", "127.0.0.2:0", None);
+    let port = a.addr.port();
+    let b = Upstream::start_at("b", &format!("127.0.0.3:{port}"), None);
+    let hosts = fx.path().join("hosts");
+    std::fs::write(&hosts, "127.0.0.2 app.upstream.test\n").unwrap();
+    let address = format!("app.upstream.test:{port}");
+    let pools = pool(
+        "app",
+        &[(address.clone(), 1)],
+        "resolve_interval = \"200ms\"",
+        "",
+    );
+    let top = format!("[server]\nworkers = 2\n{NO_RATE_LIMIT}\n{pools}");
+    let config = fx.write_config(&fx.config(&top, &route("/", "app", "")));
+    let server = Server::spawn_under(
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount --bind \"$0\" /etc/hosts && exec \"$@\"",
+            hosts.to_str().unwrap(),
+        ],
+        &["serve", "--config", config.to_str().unwrap()],
+    );
+    let mut s = tls_connect(server.addr);
+    let id = |s: &mut TlsStream| body_text(&get(s, "/id", "").unwrap());
+    assert_eq!(id(&mut s), "a");
+    // The record changes: new requests reach b, on the same client
+    // connection (the idle upstream connection to a is let go).
+    std::fs::write(&hosts, "127.0.0.3 app.upstream.test\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while id(&mut s) != "b" {
+        assert!(Instant::now() < deadline, "still served by a");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for _ in 0..20 {
+        assert_eq!(id(&mut s), "b");
+    }
+    let changed = format!(
+        "tlsgate_upstream_resolutions_total{{pool=\"app\",server=\"{address}\",result=\"changed\"}} 1\n"
+    );
+    server.expect_metric_line(&changed);
+    // The name stops resolving: the last address is kept.
+    std::fs::write(&hosts, "127.0.0.9 elsewhere.test\n").unwrap();
+    let failed = format!(
+        "tlsgate_upstream_resolutions_total{{pool=\"app\",server=\"{address}\",result=\"failed\"}}"
+    );
+    let text = server.metrics_when(|t| t.contains(&failed));
+    assert!(text.contains(&failed), "{text}");
+    assert_eq!(id(&mut s), "b");
+    assert!(
+        server
+            .log()
+            .contains("cannot resolve the upstream server's name"),
+        "{}",
+        server.log()
+    );
+    a.kill();
+    b.kill();
+}
+
+#[test]
 fn smuggling_shaped_requests_never_reach_the_upstream() {
     let fx = Fixture::new();
     let a = Upstream::start("a", None);

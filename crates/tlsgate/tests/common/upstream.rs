@@ -42,7 +42,13 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn start(name: &str, tls: Option<Arc<ServerConfig>>) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Upstream::start_at(name, "127.0.0.1:0", tls)
+    }
+
+    /// Like `start`, listening on `addr` (another loopback address, a
+    /// chosen port).
+    pub fn start_at(name: &str, addr: &str, tls: Option<Arc<ServerConfig>>) -> Upstream {
+        let listener = TcpListener::bind(addr).unwrap();
         listener.set_nonblocking(true).unwrap();
         let up = Upstream {
             addr: listener.local_addr().unwrap(),
