@@ -2,8 +2,7 @@
 //! its next request gives its buffers back and takes them again once
 //! bytes arrive, so idle keep-alive connections hold none (10,000 of them
 //! held 200 MB in 16 KiB read and 4 KiB response buffers) and busy ones
-//! allocate none per request. HTTP/2 file bodies are read into chunks
-//! that come back here once `h2` has written the frames cut from them.
+//! allocate none per request.
 
 use std::cell::RefCell;
 
@@ -15,17 +14,10 @@ pub(crate) const OUT_BUFFER: usize = 4096;
 /// turning over at once need; more would only be memory nobody uses.
 const SPARE_MAX: usize = 64;
 
-/// Spare HTTP/2 file chunks a worker keeps: a chunk is up to 64 KiB and
-/// each stream sending a file has about one in flight, so this covers
-/// 32 such streams at once in 2 MiB.
-const SPARE_CHUNKS_MAX: usize = 32;
-
 #[derive(Default)]
 struct Spares {
     read: Vec<Vec<u8>>,
     out: Vec<Vec<u8>>,
-    /// Filled to their length (initialised), so reads need no zeroing.
-    chunks: Vec<Vec<u8>>,
 }
 
 thread_local! {
@@ -83,57 +75,6 @@ pub(crate) fn release_out(buf: &mut Vec<u8>) {
     }
 }
 
-/// File bytes handed to `h2` as [`bytes::Bytes`] (see
-/// [`FileChunk::into_bytes`]): the buffer goes back to its worker's spares
-/// when the last frame cut from it has been written and dropped, instead
-/// of a fresh buffer (and its zeroing, its page faults) per chunk.
-pub(crate) struct FileChunk {
-    buf: Vec<u8>,
-    len: usize,
-}
-
-impl FileChunk {
-    /// A chunk buffer of `size` initialised bytes to read into: a spare
-    /// one of the worker's (not zeroed again), else a new one.
-    pub(crate) fn take(size: usize) -> Vec<u8> {
-        let spare = SPARES
-            .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.chunks.pop()))
-            .ok()
-            .flatten();
-        match spare {
-            // A reload may have changed the chunk size: only same-size ones fit.
-            Some(buf) if buf.len() == size => buf,
-            _ => vec![0; size],
-        }
-    }
-
-    /// The first `len` bytes of `buf` (taken from [`FileChunk::take`]) as
-    /// shareable bytes.
-    pub(crate) fn into_bytes(buf: Vec<u8>, len: usize) -> bytes::Bytes {
-        let len = len.min(buf.len());
-        bytes::Bytes::from_owner(FileChunk { buf, len })
-    }
-}
-
-impl AsRef<[u8]> for FileChunk {
-    fn as_ref(&self) -> &[u8] {
-        self.buf.get(..self.len).unwrap_or_default()
-    }
-}
-
-impl Drop for FileChunk {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        let _ = SPARES.try_with(|s| {
-            if let Ok(mut s) = s.try_borrow_mut() {
-                if s.chunks.len() < SPARE_CHUNKS_MAX {
-                    s.chunks.push(buf);
-                }
-            }
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,27 +109,5 @@ mod tests {
         }
         let kept = SPARES.with(|s| s.borrow().out.len());
         assert_eq!(kept, SPARE_MAX);
-    }
-
-    #[test]
-    fn file_chunks_come_back_when_their_last_piece_is_dropped() {
-        let mut buf = FileChunk::take(100);
-        assert_eq!(buf.len(), 100);
-        buf[..5].copy_from_slice(b"hello");
-        let ptr = buf.as_ptr();
-        let mut bytes = FileChunk::into_bytes(buf, 5);
-        let head = bytes.split_to(2);
-        assert_eq!((&head[..], &bytes[..]), (&b"he"[..], &b"llo"[..]));
-        drop(bytes);
-        // A piece is still out: the buffer is not a spare yet.
-        let other = FileChunk::take(100);
-        assert_ne!(other.as_ptr(), ptr);
-        drop(head);
-        let again = FileChunk::take(100);
-        assert_eq!(again.as_ptr(), ptr, "the spare was reused");
-        assert_eq!(&again[..5], b"hello", "not zeroed again");
-        // Another size (after a reload): a new buffer.
-        drop(FileChunk::into_bytes(again, 0));
-        assert_eq!(FileChunk::take(64), vec![0; 64]);
     }
 }

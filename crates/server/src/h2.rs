@@ -24,7 +24,7 @@ use std::future::poll_fn;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use h2::server::{Builder, SendResponse};
@@ -35,7 +35,6 @@ use tlsgate_http1::Method;
 use tlsgate_metrics::ReasonLabel;
 use tlsgate_tls::TlsConnection;
 
-use crate::buffers::FileChunk;
 use crate::respond::{self, decide, HttpCtx, Logged, Reply, Request};
 use guard::{Alarm, GuardedIo, SharedConn};
 
@@ -506,12 +505,9 @@ async fn drain(mut body: RecvStream, cx: &HttpCtx<'_>) -> Result<(), u16> {
         .unwrap_or(Err(408))
 }
 
-/// Sends `len` bytes of `file` from `start` in DATA frames of one TLS
-/// record each, as the client's windows have room (reserved capacity),
-/// each wait bounded by the send timeout. The file is read a whole chunk
-/// (`max_send_buffer_size`) at a time, whatever each grant is: h2 grants
-/// capacity in pieces as its buffer drains, and a read per grant made two
-/// `pread`s per 64 KiB. Returns the bytes sent.
+/// Sends `len` bytes of `file` from `start` in DATA frames, each chunk
+/// read once the client's windows have room for it (reserved capacity),
+/// each wait bounded by the send timeout. Returns the bytes sent.
 async fn send_file(
     send: &mut SendStream<Bytes>,
     file: &File,
@@ -520,32 +516,14 @@ async fn send_file(
     cx: &HttpCtx<'_>,
 ) -> Result<u64, Broken> {
     let limit = cx.gen.config.limits.send_timeout;
+    // Reads of whole records' worth of frames.
     let buffer = cx.gen.config.http2.max_send_buffer_size as usize;
     let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
-    // Bytes read from the file (up to `read`) and not yet handed to h2.
-    let mut pending = Bytes::new();
-    let mut read: u64 = 0;
     let mut done: u64 = 0;
+    let mut pool = BytesMut::with_capacity(2 * chunk);
     while done < len {
-        if pending.is_empty() {
-            let want = usize::try_from(len - read).map_or(chunk, |r| r.min(chunk));
-            // The worker's spare chunks come back once h2 has written (and
-            // dropped) the frames cut from them.
-            let mut buf = FileChunk::take(chunk);
-            let got = match file.read_at(buf.get_mut(..want).unwrap_or_default(), start + read) {
-                Ok(0) | Err(_) => {
-                    // The head promised a length we cannot deliver.
-                    tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
-                    send.send_reset(Reason::INTERNAL_ERROR);
-                    return Err(Broken::Read);
-                }
-                Ok(got) => got,
-            };
-            read += got as u64;
-            cx.shared.metrics.count_body("userspace", got as u64);
-            pending = FileChunk::into_bytes(buf, got);
-        }
-        send.reserve_capacity(pending.len());
+        let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
+        send.reserve_capacity(want);
         let mut granted = send.capacity();
         while granted == 0 {
             match tokio::time::timeout(limit, poll_fn(|c| send.poll_capacity(c))).await {
@@ -557,15 +535,31 @@ async fn send_file(
                 Ok(Some(Ok(n))) => granted = n,
             }
         }
-        let mut n = granted.min(pending.len());
-        if n < pending.len() && n > FRAME_IN_RECORD {
+        let mut n = granted.min(want);
+        if n < want && n > FRAME_IN_RECORD {
             // A window's odd end waits for the next grant, not a small frame.
             n -= n % FRAME_IN_RECORD;
         }
-        let mut data = pending.split_to(n);
-        done += n as u64;
+        // Reads go into one buffer per stream: its space comes back once
+        // h2 has written (and dropped) the frames cut from it, instead of
+        // a fresh allocation (fresh pages, page faults) per chunk.
+        pool.reserve(n);
+        pool.resize(n, 0);
+        let got = match file.read_at(&mut pool, start + done) {
+            Ok(0) | Err(_) => {
+                // The head promised a length we cannot deliver.
+                tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
+                send.send_reset(Reason::INTERNAL_ERROR);
+                return Err(Broken::Read);
+            }
+            Ok(got) => got,
+        };
+        pool.truncate(got);
+        done += got as u64;
+        cx.shared.metrics.count_body("userspace", got as u64);
         // One DATA frame per TLS record: a frame of 16384 bytes with its
         // 9-byte header would take a full record and a 9-byte one.
+        let mut data = pool.split().freeze();
         while data.len() > FRAME_IN_RECORD {
             let frame = data.split_to(FRAME_IN_RECORD);
             send.send_data(frame, false).map_err(|_| Broken::Gone)?;

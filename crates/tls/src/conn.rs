@@ -245,7 +245,6 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
         layer: Layer::User(tls),
         boundary,
         carried: Vec::new(),
-        unsent: 0,
         peer_closed: false,
         write_closed: false,
         session: None,
@@ -280,9 +279,6 @@ pub struct TlsConnection {
     boundary: RecordBoundary,
     /// Plaintext rustls had decrypted when the kernel took over; read first.
     carried: Vec<u8>,
-    /// Plaintext written through the byte-stream interface whose records
-    /// may not all have been sent yet (see `stream.rs`).
-    unsent: usize,
     /// The peer's close_notify arrived.
     peer_closed: bool,
     /// Our close_notify was sent (or the write side is gone).
@@ -671,7 +667,6 @@ impl TlsConnection {
                 return Ok(waited);
             };
             if !tls.wants_write() {
-                self.unsent = 0;
                 return Ok(waited);
             }
             match tls.write_tls(&mut SyncIo(&self.sock)) {

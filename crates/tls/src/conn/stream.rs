@@ -12,10 +12,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::{Layer, SyncIo, TlsConnection, TrackedRead};
 
-/// Plaintext a byte-stream write may leave encrypted and unsent before the
-/// next write waits for the socket: rustls' own default buffer limit.
-const SEND_BUFFER: usize = 64 * 1024;
-
 fn kernel_layer() -> io::Error {
     io::Error::new(
         io::ErrorKind::Unsupported,
@@ -31,7 +27,6 @@ impl TlsConnection {
                 return Poll::Ready(Err(kernel_layer()));
             };
             if !tls.wants_write() {
-                self.unsent = 0;
                 return Poll::Ready(Ok(()));
             }
             match tls.write_tls(&mut SyncIo(&self.sock)) {
@@ -132,28 +127,23 @@ impl AsyncWrite for TlsConnection {
 
     /// Several buffers into the same records: a frame header and its
     /// payload share a record instead of the header making one of its own.
-    /// Each write is taken whole, never cut where rustls' buffer happens to
-    /// fill (its limit would split a record, a frame and its header apart,
-    /// and leave a small record); the limit is kept here instead, between
-    /// writes.
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        if this.unsent >= SEND_BUFFER {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        loop {
+            let Layer::User(tls) = &mut this.layer else {
+                return Poll::Ready(Err(kernel_layer()));
+            };
+            let n = tls.writer().write_vectored(bufs)?;
+            if n > 0 || total == 0 {
+                return Poll::Ready(Ok(n));
+            }
             ready!(this.poll_send_records(cx))?;
         }
-        let Layer::User(tls) = &mut this.layer else {
-            return Poll::Ready(Err(kernel_layer()));
-        };
-        tls.set_buffer_limit(None);
-        let written = tls.writer().write_vectored(bufs);
-        tls.set_buffer_limit(Some(SEND_BUFFER));
-        let n = written?;
-        this.unsent += n;
-        Poll::Ready(Ok(n))
     }
 
     fn is_write_vectored(&self) -> bool {
