@@ -12,6 +12,7 @@
 
 use std::future::{poll_fn, Future};
 use std::io::{self, Write as _};
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -851,10 +852,11 @@ async fn send_body<B: RequestBody>(
 /// cannot be one, or the end of the connection) arrived, all of it kept in
 /// `early` for [`read_response`]. Interim 1xx heads do not stop the body.
 fn poll_answer(conn: &mut UpstreamConn, early: &mut Vec<u8>, cx: &mut Context<'_>) -> Poll<()> {
-    // A rare path (an upstream answering early): a small stack buffer.
-    let mut tmp = [0u8; 4096];
+    // Polled per body chunk while uploads go up: a stack buffer that is
+    // not zeroed each time.
+    let mut tmp = [MaybeUninit::<u8>::uninit(); 4096];
     loop {
-        let mut rb = ReadBuf::new(&mut tmp);
+        let mut rb = ReadBuf::uninit(&mut tmp);
         match Pin::new(&mut conn.stream).poll_read(cx, &mut rb) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Err(_)) => return Poll::Ready(()),

@@ -53,6 +53,13 @@ pub(crate) struct Server {
     response_seconds: Histogram,
 }
 
+impl Server {
+    /// Where new connections to it go.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        *self.addr.read().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// A pool of servers built from one `[[upstream]]` of one generation.
 pub struct Pool {
     pub(crate) cfg: Upstream,
@@ -69,13 +76,6 @@ pub(crate) struct Lease<'p> {
     pool: &'p Pool,
     pub conn: Option<UpstreamConn>,
     pub server: usize,
-}
-
-impl Server {
-    /// Where new connections to it go.
-    pub(crate) fn addr(&self) -> SocketAddr {
-        *self.addr.read().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 impl Drop for Lease<'_> {

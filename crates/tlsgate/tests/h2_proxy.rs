@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::upstream::{pattern, pool, route, routes, start, Python, Upstream};
+use common::upstream::{
+    pattern, pool, route, routes, start, start_early_answering, Python, Upstream,
+};
 use common::{client_config, h2spec_strict_passes, Fixture, Server};
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
@@ -256,14 +258,7 @@ fn curl_http2_through_the_proxy_is_byte_exact_both_ways() {
 #[test]
 fn an_upstream_that_answers_before_the_body_ends_is_relayed_at_once() {
     let fx = Fixture::new();
-    let a = Upstream::start("a", None);
-    let pools = pool("early", &[(a.address(), 1)], "idle_timeout = \"30s\"", "");
-    let s = start(
-        &fx,
-        "",
-        &pools,
-        &route("/", "early", "max_body_bytes = 209715200"),
-    );
+    let (a, s) = start_early_answering(&fx);
     let t0 = Instant::now();
     let r = rt().block_on(async {
         let c = h2_client(s.addr).await;

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::upstream::{pattern, pool, route, routes, start, Python, Upstream, NO_RATE_LIMIT};
+use common::upstream::{
+    pattern, pool, route, routes, start, start_early_answering, Python, Upstream, NO_RATE_LIMIT,
+};
 use common::{tls_connect, Fixture, Server, TlsStream};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -584,16 +586,7 @@ fn chunked_uploads_and_downloads_are_byte_exact_up_to_100_mib() {
 #[test]
 fn an_upstream_that_answers_before_the_body_ends_is_relayed_at_once() {
     let fx = Fixture::new();
-    let a = Upstream::start("a", None);
-    // A long idle timeout: the old exchange sent the whole body first and
-    // stalled until it passed.
-    let pools = pool("early", &[(a.address(), 1)], "idle_timeout = \"30s\"", "");
-    let server = start(
-        &fx,
-        "",
-        &pools,
-        &route("/", "early", "max_body_bytes = 209715200"),
-    );
+    let (a, server) = start_early_answering(&fx);
     // Far more than the socket buffers between the proxy and the upstream.
     let input = fx.path().join("upload");
     std::fs::write(&input, pattern(64 << 20)).unwrap();
@@ -604,27 +597,14 @@ fn an_upstream_that_answers_before_the_body_ends_is_relayed_at_once() {
         ("chunked", Some("Transfer-Encoding: chunked")),
     ] {
         let t0 = Instant::now();
-        let mut args = vec!["--data-binary", &upload];
+        let url = server.url("/early");
+        let mut args = vec!["-o", out.to_str().unwrap(), "-w", "%{http_code}"];
+        args.extend(["--data-binary", &upload]);
         if let Some(h) = extra {
             args.extend(["-H", h]);
         }
-        let url = server.url("/early");
         args.push(&url);
-        let resolve = format!("localhost:{}:127.0.0.1", server.addr.port());
-        let o = Command::new("curl")
-            .args([
-                "-sS",
-                "-k",
-                "--http1.1",
-                "--max-time",
-                "25",
-                "--resolve",
-                &resolve,
-            ])
-            .args(["-o", out.to_str().unwrap(), "-w", "%{http_code}"])
-            .args(&args)
-            .output()
-            .unwrap();
+        let o = server.curl(&args);
         let took = t0.elapsed();
         assert_eq!(String::from_utf8_lossy(&o.stdout), "413", "{what}: {o:?}");
         assert_eq!(std::fs::read(&out).unwrap(), b"too big!", "{what}");

@@ -266,6 +266,22 @@ struct SentFrames {
 }
 
 impl SentFrames {
+    /// Adds payload bytes of the frame being read to its code; the code
+    /// once its last byte (`code_end`) is in.
+    fn gather_code(&mut self, bytes: &[u8], code_end: usize) -> Option<u32> {
+        let have = self.code_have;
+        if let Some(dst) = self.code.get_mut(have..have + bytes.len()) {
+            dst.copy_from_slice(bytes);
+        }
+        self.code_have += bytes.len();
+        if self.code_have < code_end {
+            return None;
+        }
+        self.ending = None;
+        let code = self.code.get(code_end - 4..code_end)?;
+        <[u8; 4]>::try_from(code).ok().map(u32::from_be_bytes)
+    }
+
     /// Follows `bytes`; `ended(frame, code)` for each RST_STREAM or GOAWAY.
     fn observe(&mut self, mut bytes: &[u8], ended: &mut impl FnMut(&'static str, &'static str)) {
         while !bytes.is_empty() {
@@ -273,21 +289,9 @@ impl SentFrames {
                 let mut n = self.payload_left.min(bytes.len());
                 if let Some((kind, code_end)) = self.ending {
                     n = n.min(code_end - self.code_have);
-                    if let (Some(dst), Some(src)) = (
-                        self.code.get_mut(self.code_have..self.code_have + n),
-                        bytes.get(..n),
-                    ) {
-                        dst.copy_from_slice(src);
-                    }
-                    self.code_have += n;
-                    if self.code_have == code_end {
-                        self.ending = None;
-                        let at = code_end - 4;
-                        let code = self
-                            .code
-                            .get(at..code_end)
-                            .and_then(|c| <[u8; 4]>::try_from(c).ok())
-                            .map_or(u32::MAX, u32::from_be_bytes);
+                    if let Some(code) =
+                        self.gather_code(bytes.get(..n).unwrap_or_default(), code_end)
+                    {
                         let frame = if kind == frame::GOAWAY {
                             "goaway"
                         } else {

@@ -393,6 +393,22 @@ pub fn routes(pairs: &[(&str, &str)]) -> String {
 /// handshake rate limit per source allows.
 pub const NO_RATE_LIMIT: &str = "[limits]\nhandshake_rate_per_source = 0\n";
 
+/// An upstream and tlsgate in front of it for the early-answer tests: the
+/// upstream's `/early` refuses an upload before reading it, and the pool's
+/// idle timeout is long (the old exchange sent the whole body first and
+/// stalled until it passed); uploads up to 200 MiB pass the route.
+pub fn start_early_answering(fx: &Fixture) -> (Upstream, Server) {
+    let a = Upstream::start("a", None);
+    let pools = pool("early", &[(a.address(), 1)], "idle_timeout = \"30s\"", "");
+    let server = start(
+        fx,
+        "",
+        &pools,
+        &route("/", "early", "max_body_bytes = 209715200"),
+    );
+    (a, server)
+}
+
 /// Starts tlsgate with `pools` (before the listener) and `routes`.
 pub fn start(fx: &Fixture, top: &str, pools: &str, routes: &str) -> Server {
     let top = format!("[server]\nworkers = 2\n{top}\n{NO_RATE_LIMIT}\n{pools}");
