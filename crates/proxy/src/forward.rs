@@ -420,6 +420,9 @@ struct Prepared<'a> {
     key: Option<u64>,
     /// A WebSocket upgrade was asked for (a 101 may come).
     upgrade: bool,
+    /// The client side can take the response while it still sends the
+    /// body (an HTTP/2 stream): an early answer does not end the upload.
+    duplex: bool,
 }
 
 /// An upstream's answer: its head read, its body still to come.
@@ -430,6 +433,9 @@ struct Answer<'p> {
     ubuf: Vec<u8>,
     /// The request body went upstream whole.
     body_done: bool,
+    /// The rest of the body, to send while the answer is relayed (an
+    /// early answer on a duplex exchange).
+    upload: Option<Upload>,
     server: String,
 }
 
@@ -537,8 +543,10 @@ async fn exchange<'p, B: RequestBody>(
         let mut body_done = p.replay.is_some();
         // What the upstream sent before the body was done (an early answer).
         let mut early = Vec::new();
+        let mut upload = Upload::new(p.framing);
+        let mut rest_to_send = false;
         if !body_done {
-            match send_body(body, p.framing, conn, pool, deadline, &mut early).await {
+            match send_body(body, &mut upload, conn, pool, deadline, &mut early).await {
                 Ok(()) => body_done = true,
                 Err(BodyError::Client(r)) => {
                     return Err(refused(r.status, r.reason, server_name(), false));
@@ -547,10 +555,13 @@ async fn exchange<'p, B: RequestBody>(
                 Err(BodyError::Upstream(f)) => {
                     tracing::debug!(pool = %pool.name(), "request body not taken: {}", f.reason());
                 }
-                // Neither connection can go on: the upstream's is not
-                // reused, the client's closes after the answer.
+                // A duplex client goes on sending while the answer is
+                // relayed. Otherwise neither connection can go on: the
+                // upstream's is not reused, the client's closes after the
+                // answer.
                 Err(BodyError::Answered) => {
                     tracing::debug!(pool = %pool.name(), "upstream answered before the request body ended");
+                    rest_to_send = p.duplex;
                 }
             }
         }
@@ -590,6 +601,7 @@ async fn exchange<'p, B: RequestBody>(
             resp,
             ubuf,
             body_done,
+            upload: rest_to_send.then_some(upload),
             server: server_name().unwrap_or_default(),
         });
     }
@@ -656,6 +668,7 @@ pub async fn forward<D: Downstream + Send>(
         replay: replay.as_deref(),
         key: pool.hash_key(r.peer.ip(), |name| head.header(name).map(<[u8]>::to_vec)),
         upgrade: websocket_upgrade(head).is_some(),
+        duplex: false,
     };
     let mut body = Http1Body {
         client: &mut *client,
@@ -732,6 +745,7 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
                 .map(|(_, v)| v.to_vec())
         }),
         upgrade: false,
+        duplex: true,
     };
     let answer = tokio::select! {
         a = exchange(pool, &prepared, body, deadline) => match a {
@@ -742,7 +756,7 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
             return refused(CLIENT_CLOSED, SendError::Gone.reason(), None, false);
         }
     };
-    relay_stream(client, pool, answer, deadline).await
+    relay_stream(client, body, pool, answer, deadline).await
 }
 
 /// Runs `fut` under `per`, and under the exchange's `deadline` when set.
@@ -785,32 +799,87 @@ enum BodyError {
     Answered,
 }
 
-/// Streams the request body to the upstream, framed as announced:
+/// A request body on its way upstream, framed as announced:
 /// Content-Length bodies as they are (exactly that long), others chunked
 /// (extensions and trailers dropped), so only well-formed framing reaches
 /// the upstream.
+struct Upload {
+    chunked: bool,
+    /// The length the upstream was told, `None` for chunked.
+    announced: Option<u64>,
+    /// Body bytes taken from the client so far.
+    taken: u64,
+    /// The current piece with its chunk framing.
+    framed: Vec<u8>,
+    /// Framed bytes an early answer stopped before they were written.
+    unsent: Vec<u8>,
+    /// The body's end has been framed (its last bytes may be in `unsent`).
+    ended: bool,
+}
+
+impl Upload {
+    fn new(framing: BodyFraming) -> Self {
+        Self {
+            chunked: framing == BodyFraming::Chunked,
+            announced: match framing {
+                BodyFraming::ContentLength(n) => Some(n),
+                BodyFraming::None => Some(0),
+                BodyFraming::Chunked => None,
+            },
+            taken: 0,
+            framed: Vec::new(),
+            unsent: Vec::new(),
+            ended: false,
+        }
+    }
+
+    /// A body that does not match its announced length would desync the
+    /// upstream connection: cut off, never sent on.
+    fn mismatch() -> BodyError {
+        BodyError::Client(BodyRefused {
+            status: 400,
+            reason: "bad_body_length",
+        })
+    }
+
+    /// The bytes that carry `data` (not empty) upstream.
+    fn frame<'a>(&'a mut self, data: &'a [u8]) -> Result<&'a [u8], BodyError> {
+        self.taken += data.len() as u64;
+        if self.announced.is_some_and(|n| self.taken > n) {
+            return Err(Self::mismatch());
+        }
+        if !self.chunked {
+            return Ok(data);
+        }
+        self.framed.clear();
+        self.framed
+            .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        self.framed.extend_from_slice(data);
+        self.framed.extend_from_slice(b"\r\n");
+        Ok(&self.framed)
+    }
+
+    /// The bytes that end the body, once it ended on the client's side.
+    fn end(&mut self) -> Result<&'static [u8], BodyError> {
+        if self.announced.is_some_and(|n| self.taken != n) {
+            return Err(Self::mismatch());
+        }
+        self.ended = true;
+        Ok(if self.chunked { b"0\r\n\r\n" } else { b"" })
+    }
+}
+
+/// Streams the request body to the upstream. When the upstream answers
+/// first, the bytes of the piece that were not written stay in
+/// `up.unsent` (a duplex exchange sends them later).
 async fn send_body<B: RequestBody>(
     body: &mut B,
-    framing: BodyFraming,
+    up: &mut Upload,
     conn: &mut UpstreamConn,
     pool: &Pool,
     deadline: Option<Instant>,
     early: &mut Vec<u8>,
 ) -> Result<(), BodyError> {
-    let chunked = framing == BodyFraming::Chunked;
-    let announced = match framing {
-        BodyFraming::ContentLength(n) => Some(n),
-        BodyFraming::None => Some(0),
-        BodyFraming::Chunked => None,
-    };
-    // A body that does not match its announced length would desync the
-    // upstream connection: cut off, never sent on.
-    let mismatch = BodyError::Client(BodyRefused {
-        status: 400,
-        reason: "bad_body_length",
-    });
-    let mut total: u64 = 0;
-    let mut framed = Vec::new();
     loop {
         // While the client is slow to send, the upstream may answer.
         let next = tokio::select! {
@@ -825,26 +894,68 @@ async fn send_body<B: RequestBody>(
         if data.is_empty() {
             continue;
         }
-        total += data.len() as u64;
-        if announced.is_some_and(|n| total > n) {
-            return Err(mismatch);
+        let mut rest = up.frame(data)?;
+        let wrote = up_write(conn, &mut rest, false, pool, deadline, early).await;
+        if matches!(wrote, Err(BodyError::Answered)) {
+            up.unsent = rest.to_vec();
         }
-        let bytes = if chunked {
-            framed.clear();
-            framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-            framed.extend_from_slice(data);
-            framed.extend_from_slice(b"\r\n");
-            &framed[..]
-        } else {
-            data
-        };
-        up_write(conn, bytes, false, pool, deadline, early).await?;
+        wrote?;
     }
-    if announced.is_some_and(|n| total != n) {
-        return Err(mismatch);
+    let mut rest = up.end()?;
+    let wrote = up_write(conn, &mut rest, true, pool, deadline, early).await;
+    if matches!(wrote, Err(BodyError::Answered)) {
+        up.unsent = rest.to_vec();
     }
-    let end: &[u8] = if chunked { b"0\r\n\r\n" } else { b"" };
-    up_write(conn, end, true, pool, deadline, early).await
+    wrote
+}
+
+/// The rest of a request body, sent while its answer is relayed (full
+/// duplex): what the early answer left unsent, then the client's pieces
+/// as they come, each flushed at once (the other end of a bidirectional
+/// stream may wait on it).
+async fn send_rest<B: RequestBody, W: AsyncWrite + Unpin>(
+    body: &mut B,
+    mut up: Upload,
+    upstream: &mut W,
+    pool: &Pool,
+    deadline: Option<Instant>,
+) -> Result<(), BodyError> {
+    let unsent = std::mem::take(&mut up.unsent);
+    write_flushed(upstream, &unsent, pool, deadline).await?;
+    if up.ended {
+        return Ok(());
+    }
+    while let Some(data) = body.next().await.map_err(BodyError::Client)? {
+        if !data.is_empty() {
+            let bytes = up.frame(data)?;
+            write_flushed(upstream, bytes, pool, deadline).await?;
+        }
+    }
+    let end = up.end()?;
+    write_flushed(upstream, end, pool, deadline).await
+}
+
+/// Writes and flushes `bytes` under the pool's idle timeout.
+async fn write_flushed<W: AsyncWrite + Unpin>(
+    upstream: &mut W,
+    bytes: &[u8],
+    pool: &Pool,
+    deadline: Option<Instant>,
+) -> Result<(), BodyError> {
+    within(
+        deadline,
+        pool.cfg.idle_timeout,
+        Failure::IdleTimeout,
+        async {
+            upstream
+                .write_all(bytes)
+                .await
+                .map_err(|_| Failure::Reset)?;
+            upstream.flush().await.map_err(|_| Failure::Reset)
+        },
+    )
+    .await
+    .map_err(BodyError::Upstream)
 }
 
 /// Whether the upstream has begun its final answer while the request body
@@ -989,23 +1100,22 @@ impl<D: Downstream + Send> RequestBody for Http1Body<'_, D> {
 /// Writes request body bytes to the upstream (and flushes, with `flush`)
 /// under its idle timeout, watching for an early answer meanwhile: an
 /// upstream that answered and stopped reading would otherwise hold the
-/// write until the timeout.
+/// write until the timeout. What was not written stays in `rest`.
 async fn up_write(
     conn: &mut UpstreamConn,
-    data: &[u8],
+    rest: &mut &[u8],
     flush: bool,
     pool: &Pool,
     deadline: Option<Instant>,
     early: &mut Vec<u8>,
 ) -> Result<(), BodyError> {
-    let mut rest = data;
     let fut = poll_fn(|cx| {
         if poll_answer(conn, early, cx).is_ready() {
             return Poll::Ready(Ok(true));
         }
         while !rest.is_empty() {
             match Pin::new(&mut conn.stream).poll_write(cx, rest) {
-                Poll::Ready(Ok(n)) if n > 0 => rest = rest.get(n..).unwrap_or_default(),
+                Poll::Ready(Ok(n)) if n > 0 => *rest = rest.get(n..).unwrap_or_default(),
                 Poll::Ready(_) => return Poll::Ready(Err(Failure::Reset)),
                 Poll::Pending => return Poll::Pending,
             }
@@ -1144,9 +1254,9 @@ impl UpBody {
 
     /// Appends more of the body to `out`, reading the upstream only when
     /// nothing is buffered; `true` once the body has ended.
-    async fn read(
+    async fn read<R: AsyncRead + Unpin>(
         &mut self,
-        conn: &mut UpstreamConn,
+        upstream: &mut R,
         pool: &Pool,
         deadline: Option<Instant>,
         out: &mut Vec<u8>,
@@ -1179,7 +1289,7 @@ impl UpBody {
                 let n = within(deadline, idle, Failure::IdleTimeout, async {
                     // Never past the body: what follows stays on the socket
                     // (and an idle connection with unasked bytes is dropped).
-                    (&mut conn.stream)
+                    (&mut *upstream)
                         .take(want as u64)
                         .read_buf(out)
                         .await
@@ -1209,7 +1319,7 @@ impl UpBody {
                     }
                     self.input.reserve(CHUNK);
                     let n = within(deadline, idle, Failure::IdleTimeout, async {
-                        conn.stream
+                        upstream
                             .read_buf(&mut self.input)
                             .await
                             .map_err(|_| Failure::Truncated)
@@ -1228,7 +1338,7 @@ impl UpBody {
                 }
                 out.reserve(CHUNK);
                 let n = within(deadline, idle, Failure::IdleTimeout, async {
-                    (&mut conn.stream)
+                    (&mut *upstream)
                         .take(CHUNK as u64)
                         .read_buf(out)
                         .await
@@ -1250,11 +1360,13 @@ async fn relay<D: Downstream>(
     answer: Answer<'_>,
     deadline: Option<Instant>,
 ) -> Outcome {
+    // An HTTP/1.x exchange is never duplex: no upload is left over.
     let Answer {
         mut lease,
         resp,
         ubuf,
         body_done,
+        upload: _,
         server,
     } = answer;
     let status = resp.status();
@@ -1309,9 +1421,9 @@ async fn relay<D: Downstream>(
         let at = out.len();
         let step = if chunked {
             data.clear();
-            body.read(&mut conn, pool, deadline, &mut data).await
+            body.read(&mut conn.stream, pool, deadline, &mut data).await
         } else {
-            body.read(&mut conn, pool, deadline, out).await
+            body.read(&mut conn.stream, pool, deadline, out).await
         };
         let done = match step {
             Ok(done) => done,
@@ -1383,9 +1495,12 @@ fn put_body(out: &mut Vec<u8>, data: &[u8]) {
 /// Sends the response head and streams the body to a client that frames
 /// them itself (an HTTP/2 stream). Each read of the upstream waits until
 /// the client took the previous bytes; a client that cancels meanwhile
-/// ends the exchange at once.
-async fn relay_stream<S: Responder>(
+/// ends the exchange at once. After an early answer the rest of the
+/// request body goes upstream meanwhile (full duplex), until the answer
+/// ends.
+async fn relay_stream<B: RequestBody, S: Responder>(
     client: &mut S,
+    request_body: &mut B,
     pool: &Pool,
     answer: Answer<'_>,
     deadline: Option<Instant>,
@@ -1395,6 +1510,7 @@ async fn relay_stream<S: Responder>(
         resp,
         ubuf,
         body_done,
+        upload,
         server,
     } = answer;
     let status = resp.status();
@@ -1420,36 +1536,67 @@ async fn relay_stream<S: Responder>(
         client.abort();
         return aborted(0, "internal");
     };
-    let mut body = UpBody::new(framing, ubuf, resp.keep_alive() && body_done);
+    let mut body = UpBody::new(framing, ubuf, resp.keep_alive());
     let mut sent: u64 = 0;
-    loop {
-        let mut data = Vec::new();
-        let step = tokio::select! {
-            step = body.read(&mut conn, pool, deadline, &mut data) => step,
-            () = client.cancelled() => return aborted(sent, SendError::Gone.reason()),
-        };
-        let done = match step {
-            Ok(done) => done,
-            Err(f) => {
-                pool.failed(lease.server, f);
-                client.abort();
-                return aborted(sent, f.reason());
-            }
-        };
-        sent += data.len() as u64;
-        // The last piece carries the end of the stream (an empty DATA
-        // frame when nothing is left); a response without a body ended
-        // with its head.
-        if (!data.is_empty() || done) && !no_body {
-            if let Err(e) = client.data(data, done).await {
-                return aborted(sent, e.reason());
-            }
+    let (relayed, body_sent) = match upload {
+        None => {
+            let r = relay_body(
+                client,
+                &mut body,
+                &mut conn.stream,
+                pool,
+                deadline,
+                &mut sent,
+            );
+            (r.await, body_done)
         }
-        if done {
-            break;
+        Some(up) => {
+            let (mut from_up, mut to_up) = tokio::io::split(&mut conn.stream);
+            let sending = send_rest(request_body, up, &mut to_up, pool, deadline);
+            let relaying = relay_body(client, &mut body, &mut from_up, pool, deadline, &mut sent);
+            tokio::pin!(sending, relaying);
+            let mut sending_ended = false;
+            let mut body_sent = false;
+            let relayed = loop {
+                tokio::select! {
+                    r = &mut sending, if !sending_ended => {
+                        sending_ended = true;
+                        match r {
+                            Ok(()) => body_sent = true,
+                            // The upstream got part of a body that broke
+                            // off: its answer cannot be trusted to end well.
+                            Err(BodyError::Client(refusal)) => break Err(Cut::Body(refusal)),
+                            // The upstream stopped reading: its answer may
+                            // still end well.
+                            Err(BodyError::Upstream(f)) => {
+                                tracing::debug!(pool = %pool.name(), "rest of the request body not taken: {}", f.reason());
+                            }
+                            Err(BodyError::Answered) => {}
+                        }
+                    }
+                    r = &mut relaying => break r,
+                }
+            };
+            // An answer that ended before the body leaves the upstream
+            // waiting for the rest: that connection serves nothing else.
+            (relayed, body_sent)
+        }
+    };
+    match relayed {
+        Ok(()) => {}
+        Err(Cut::Cancelled) => return aborted(sent, SendError::Gone.reason()),
+        Err(Cut::Client(e)) => return aborted(sent, e.reason()),
+        Err(Cut::Upstream(f)) => {
+            pool.failed(lease.server, f);
+            client.abort();
+            return aborted(sent, f.reason());
+        }
+        Err(Cut::Body(refusal)) => {
+            client.abort();
+            return aborted(sent, refusal.reason);
         }
     }
-    if body.reusable {
+    if body.reusable && body_sent {
         pool.check_in(conn);
     }
     Outcome::Relayed {
@@ -1457,6 +1604,49 @@ async fn relay_stream<S: Responder>(
         body_bytes: sent,
         server,
         keep_client: true,
+    }
+}
+
+/// Why relaying an answer to a stream broke off.
+enum Cut {
+    /// The client reset the stream.
+    Cancelled,
+    /// The client did not take the answer.
+    Client(SendError),
+    /// The upstream's answer failed.
+    Upstream(Failure),
+    /// The request body, sent meanwhile, failed on the client's side.
+    Body(BodyRefused),
+}
+
+/// Streams an answer's body from `upstream` to a stream, counting what
+/// was sent in `sent`.
+async fn relay_body<S: Responder, R: AsyncRead + Unpin>(
+    client: &mut S,
+    body: &mut UpBody,
+    upstream: &mut R,
+    pool: &Pool,
+    deadline: Option<Instant>,
+    sent: &mut u64,
+) -> Result<(), Cut> {
+    let no_body = body.framing == ResponseFraming::None;
+    loop {
+        let mut data = Vec::new();
+        let step = tokio::select! {
+            step = body.read(upstream, pool, deadline, &mut data) => step,
+            () = client.cancelled() => return Err(Cut::Cancelled),
+        };
+        let done = step.map_err(Cut::Upstream)?;
+        *sent += data.len() as u64;
+        // The last piece carries the end of the stream (an empty DATA
+        // frame when nothing is left); a response without a body ended
+        // with its head.
+        if (!data.is_empty() || done) && !no_body {
+            client.data(data, done).await.map_err(Cut::Client)?;
+        }
+        if done {
+            return Ok(());
+        }
     }
 }
 

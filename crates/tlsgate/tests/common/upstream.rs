@@ -149,25 +149,37 @@ pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Decodes a complete chunked body at the start of `buf`: (body, bytes used).
-pub fn dechunk(buf: &[u8]) -> Option<(Vec<u8>, usize)> {
-    let mut body = Vec::new();
-    let mut at = 0;
-    loop {
-        let line_end = at + find(&buf[at..], b"\r\n")?;
-        let size_text = std::str::from_utf8(&buf[at..line_end]).ok()?;
-        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
-        at = line_end + 2;
-        if size == 0 {
-            let end = at + find(&buf[at..], b"\r\n")?;
-            return Some((body, end + 2));
-        }
-        if buf.len() < at + size + 2 {
-            return None;
-        }
-        body.extend_from_slice(&buf[at..at + size]);
-        at += size + 2;
+/// Reads the next chunk of a chunked body off `io`, `buf` holding the
+/// bytes read past it: `Some(data)`, empty once the body ended (trailers
+/// skipped); `None` at EOF or stop. One chunk at a time: a 100 MiB body
+/// costs its bytes, not their square.
+pub fn next_chunk(io: &mut dyn Io, buf: &mut Vec<u8>, stop: &AtomicBool) -> Option<Vec<u8>> {
+    if !fill(io, buf, stop, |b| find(b, b"\r\n").is_some()) {
+        return None;
     }
+    let line_end = find(buf, b"\r\n").unwrap();
+    let size_text = String::from_utf8_lossy(&buf[..line_end]).into_owned();
+    let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+    buf.drain(..line_end + 2);
+    if size == 0 {
+        // Trailer lines up to the empty one.
+        loop {
+            if !fill(io, buf, stop, |b| find(b, b"\r\n").is_some()) {
+                return None;
+            }
+            let end = find(buf, b"\r\n").unwrap();
+            buf.drain(..end + 2);
+            if end == 0 {
+                return Some(Vec::new());
+            }
+        }
+    }
+    if !fill(io, buf, stop, |b| b.len() >= size + 2) {
+        return None;
+    }
+    let data = buf[..size].to_vec();
+    buf.drain(..size + 2);
+    Some(data)
 }
 
 pub fn pattern(n: usize) -> Vec<u8> {
@@ -215,15 +227,29 @@ fn serve_conn(
             }
             return;
         }
-        let body = if headers
+        let chunked_request = headers
             .get("transfer-encoding")
-            .is_some_and(|v| v == "chunked")
-        {
-            if !fill(io.as_mut(), &mut buf, stop, |b| dechunk(b).is_some()) {
+            .is_some_and(|v| v == "chunked");
+        if request_line.starts_with("POST /duplex ") {
+            // Answers at once, then sends each piece of the body back as
+            // it comes (a bidirectional stream over HTTP/1.1): a client
+            // sees its first piece again before it sends the second.
+            let length = headers.get("content-length").map(|v| v.parse().unwrap());
+            if !echo_as_it_comes(io.as_mut(), &mut buf, stop, length) {
                 return;
             }
-            let (body, used) = dechunk(&buf).unwrap();
-            buf.drain(..used);
+            requests.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let body = if chunked_request {
+            let mut body = Vec::new();
+            loop {
+                match next_chunk(io.as_mut(), &mut buf, stop) {
+                    None => return,
+                    Some(chunk) if chunk.is_empty() => break,
+                    Some(chunk) => body.extend_from_slice(&chunk),
+                }
+            }
             body
         } else {
             let n: usize = headers
@@ -314,6 +340,51 @@ fn serve_conn(
             return;
         }
     }
+}
+
+/// `/duplex`: a 200 with a chunked body at once, then every piece of the
+/// request body (`length` bytes, or chunked) sent back as a chunk as soon
+/// as it is read. False when the connection ended first.
+fn echo_as_it_comes(
+    io: &mut dyn Io,
+    buf: &mut Vec<u8>,
+    stop: &AtomicBool,
+    length: Option<usize>,
+) -> bool {
+    let echo = |io: &mut dyn Io, data: &[u8]| {
+        let mut chunk = format!("{:x}\r\n", data.len()).into_bytes();
+        chunk.extend_from_slice(data);
+        chunk.extend_from_slice(b"\r\n");
+        io.write_all(&chunk).and_then(|()| io.flush()).is_ok()
+    };
+    let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+    if io.write_all(head).and_then(|()| io.flush()).is_err() {
+        return false;
+    }
+    match length {
+        Some(mut left) => {
+            while left > 0 {
+                if !fill(io, buf, stop, |b| !b.is_empty()) {
+                    return false;
+                }
+                let n = left.min(buf.len());
+                if !echo(io, &buf[..n]) {
+                    return false;
+                }
+                buf.drain(..n);
+                left -= n;
+            }
+        }
+        None => loop {
+            match next_chunk(io, buf, stop) {
+                None => return false,
+                Some(chunk) if chunk.is_empty() => break,
+                Some(chunk) if !echo(io, &chunk) => return false,
+                Some(_) => {}
+            }
+        },
+    }
+    io.write_all(b"0\r\n\r\n").and_then(|()| io.flush()).is_ok()
 }
 
 // ---------------------------------------------------------------------
