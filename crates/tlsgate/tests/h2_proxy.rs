@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::upstream::{
-    pattern, pool, route, routes, start, start_early_answering, Python, Upstream,
+    make_leaf, pattern, pool, route, routes, start, start_early_answering, upstream_tls, Python,
+    Upstream,
 };
 use common::{client_config, h2spec_strict_passes, Fixture, Server};
 use rustls::pki_types::ServerName;
@@ -297,119 +298,137 @@ async fn receive(recv: &mut h2::RecvStream, got: &mut Vec<u8>, want: usize) {
 
 #[test]
 fn a_stream_gets_its_answer_while_it_still_sends_its_body() {
-    // The upstream answers at once and sends each piece of the body back
-    // as it reads it: each piece must come back before the next is sent.
+    // The upstreams answer at once and send each piece of the body back as
+    // they read it: each piece must come back before the next is sent.
+    // Over TLS too, where a piece could sit in the TLS layer unflushed.
     let fx = Fixture::new();
-    let a = Upstream::start("a", None);
-    let pools = pool("app", &[(a.address(), 1)], "", "");
-    let s = start(
-        &fx,
-        "",
-        &pools,
-        &route("/", "app", "max_body_bytes = 33554432"),
-    );
-    rt().block_on(async {
-        let c = h2_client(s.addr).await;
-        // Without content-length the body goes upstream chunked.
-        let post = http::Request::post("https://app.test/duplex")
-            .body(())
-            .unwrap();
-        let mut ready = c.clone().ready().await.unwrap();
-        let (resp, mut send) = ready.send_request(post, false).unwrap();
-        let mut resp = Some(resp);
-        let mut recv = None;
-        let mut got = Vec::new();
-        for i in 0..5u8 {
-            let piece = vec![b'a' + i; 10_000 + usize::from(i)];
-            send.send_data(Bytes::from(piece.clone()), false).unwrap();
-            if recv.is_none() {
-                let r = tokio::time::timeout(Duration::from_secs(10), resp.take().unwrap());
-                let (parts, body) = r.await.expect("no head in 10 s").unwrap().into_parts();
-                assert_eq!(parts.status, 200);
-                recv = Some(body);
-            }
-            let before = got.len();
-            receive(recv.as_mut().unwrap(), &mut got, piece.len()).await;
-            assert!(got[before..] == piece[..], "piece {i} came back changed");
+    let ca = common::make_ca("upstream CA");
+    let ca_pem = fx.path().join("up-ca.pem");
+    std::fs::write(&ca_pem, ca.0.pem()).unwrap();
+    let (cert, key, _, _) = make_leaf(fx.path(), "upstream", &["app.internal"], false, &ca);
+    let plain = Upstream::start("plain", None);
+    let tls = Upstream::start("tls", Some(upstream_tls(&cert, &key, None)));
+    let tls_keys = format!("tls = true\nca = {ca_pem:?}\nsni = \"app.internal\"");
+    let pools = [
+        pool("plain", &[(plain.address(), 1)], "", ""),
+        pool("tls", &[(tls.address(), 1)], &tls_keys, ""),
+    ]
+    .concat();
+    let limit = "max_body_bytes = 33554432";
+    let routes = [route("/", "plain", limit), route("/tls/", "tls", limit)].concat();
+    let s = start(&fx, "", &pools, &routes);
+    for (prefix, up) in [("", &plain), ("/tls", &tls)] {
+        rt().block_on(duplex_both_ways(&s, prefix, up));
+    }
+    plain.kill();
+    tls.kill();
+}
+
+/// Full duplex through `prefix`'s pool, whose one server is `a`.
+async fn duplex_both_ways(s: &Server, prefix: &str, a: &Upstream) {
+    let url = format!("https://app.test{prefix}/duplex");
+    let c = h2_client(s.addr).await;
+    // Without content-length the body goes upstream chunked.
+    let post = http::Request::post(&url).body(()).unwrap();
+    let mut ready = c.clone().ready().await.unwrap();
+    let (resp, mut send) = ready.send_request(post, false).unwrap();
+    let mut resp = Some(resp);
+    let mut recv = None;
+    let mut got = Vec::new();
+    for i in 0..5u8 {
+        let piece = vec![b'a' + i; 10_000 + usize::from(i)];
+        send.send_data(Bytes::from(piece.clone()), false).unwrap();
+        if recv.is_none() {
+            let r = tokio::time::timeout(Duration::from_secs(10), resp.take().unwrap());
+            let (parts, body) = r.await.expect("no head in 10 s").unwrap().into_parts();
+            assert_eq!(parts.status, 200, "{url}");
+            recv = Some(body);
         }
-        send.send_data(Bytes::new(), true).unwrap();
-        let mut recv = recv.unwrap();
-        let rest = tokio::time::timeout(Duration::from_secs(10), async {
-            let mut rest = Vec::new();
-            while let Some(chunk) = recv.data().await {
-                rest.extend_from_slice(&chunk.unwrap());
-            }
-            rest
-        });
-        assert_eq!(
-            rest.await.expect("no end in 10 s"),
-            b"",
-            "more after the body"
+        let before = got.len();
+        receive(recv.as_mut().unwrap(), &mut got, piece.len()).await;
+        assert!(
+            got[before..] == piece[..],
+            "{url}: piece {i} came back changed"
         );
-
-        // A large body both ways at once, with content-length: each side
-        // is held back by the other's windows and buffers.
-        let total = 16usize << 20;
-        let data = pattern(total);
-        let post = http::Request::post("https://app.test/duplex")
-            .header("content-length", total.to_string())
-            .body(())
-            .unwrap();
-        let mut ready = c.clone().ready().await.unwrap();
-        let (resp, mut send) = ready.send_request(post, false).unwrap();
-        let sending = tokio::spawn({
-            let data = Bytes::from(data.clone());
-            async move {
-                let mut rest = data;
-                while !rest.is_empty() {
-                    send.reserve_capacity(rest.len().min(64 << 10));
-                    let mut room = send.capacity();
-                    while room == 0 {
-                        room = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
-                    }
-                    let piece = rest.split_to(room.min(rest.len()));
-                    send.send_data(piece, false).unwrap();
-                }
-                send.send_data(Bytes::new(), true).unwrap();
-            }
-        });
-        let (parts, mut recv) = resp.await.unwrap().into_parts();
-        assert_eq!(parts.status, 200);
-        let mut got = Vec::new();
-        receive(&mut recv, &mut got, total).await;
-        assert!(got == data, "16 MiB echo differs");
+    }
+    send.send_data(Bytes::new(), true).unwrap();
+    let mut recv = recv.unwrap();
+    let rest = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut rest = Vec::new();
         while let Some(chunk) = recv.data().await {
-            assert!(chunk.unwrap().is_empty(), "more after the body");
+            rest.extend_from_slice(&chunk.unwrap());
         }
-        sending.await.unwrap();
+        rest
+    });
+    assert_eq!(
+        rest.await.expect("no end in 10 s"),
+        b"",
+        "more after the body"
+    );
 
-        // Both bodies ended cleanly: the upstream connection serves the
-        // next request of this worker (the client's connection is on one).
-        let conns = a.conns.load(Ordering::Relaxed);
-        let r = exchange(&c, get("/id"), None).await;
-        assert_eq!((r.status, &r.body[..]), (200, &b"a"[..]));
-        assert_eq!(a.conns.load(Ordering::Relaxed), conns, "not reused");
-
-        // A client that resets mid-way ends the exchange: the upstream
-        // connection is closed, not left waiting for the rest.
-        let closed = a.closed.load(Ordering::Relaxed);
-        let post = http::Request::post("https://app.test/duplex")
-            .body(())
-            .unwrap();
-        let mut ready = c.clone().ready().await.unwrap();
-        let (resp, mut send) = ready.send_request(post, false).unwrap();
-        send.send_data(Bytes::from_static(b"first"), false).unwrap();
-        let (_, mut recv) = resp.await.unwrap().into_parts();
-        let mut got = Vec::new();
-        receive(&mut recv, &mut got, 5).await;
-        send.send_reset(h2::Reason::CANCEL);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while a.closed.load(Ordering::Relaxed) == closed {
-            assert!(Instant::now() < deadline, "upstream connection left open");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    // A large body both ways at once, with content-length: each side is
+    // held back by the other's windows and buffers.
+    let total = 16usize << 20;
+    let data = pattern(total);
+    let post = http::Request::post(&url)
+        .header("content-length", total.to_string())
+        .body(())
+        .unwrap();
+    let mut ready = c.clone().ready().await.unwrap();
+    let (resp, mut send) = ready.send_request(post, false).unwrap();
+    let sending = tokio::spawn({
+        let data = Bytes::from(data.clone());
+        async move {
+            let mut rest = data;
+            while !rest.is_empty() {
+                send.reserve_capacity(rest.len().min(64 << 10));
+                let mut room = send.capacity();
+                while room == 0 {
+                    room = poll_fn(|cx| send.poll_capacity(cx)).await.unwrap().unwrap();
+                }
+                let piece = rest.split_to(room.min(rest.len()));
+                send.send_data(piece, false).unwrap();
+            }
+            send.send_data(Bytes::new(), true).unwrap();
         }
     });
-    a.kill();
+    let (parts, mut recv) = resp.await.unwrap().into_parts();
+    assert_eq!(parts.status, 200);
+    let mut got = Vec::new();
+    receive(&mut recv, &mut got, total).await;
+    assert!(got == data, "{url}: 16 MiB echo differs");
+    while let Some(chunk) = recv.data().await {
+        assert!(chunk.unwrap().is_empty(), "more after the body");
+    }
+    sending.await.unwrap();
+
+    // Both bodies ended cleanly: the upstream connection serves the next
+    // request of this worker (the client's connection is on one).
+    let conns = a.conns.load(Ordering::Relaxed);
+    let post = http::Request::post(&url).body(()).unwrap();
+    let r = exchange(&c, post, Some(b"again".to_vec())).await;
+    assert_eq!((r.status, &r.body[..]), (200, &b"again"[..]));
+    assert_eq!(a.conns.load(Ordering::Relaxed), conns, "{url}: not reused");
+
+    // A client that resets mid-way ends the exchange: the upstream
+    // connection is closed, not left waiting for the rest.
+    let closed = a.closed.load(Ordering::Relaxed);
+    let post = http::Request::post(&url).body(()).unwrap();
+    let mut ready = c.clone().ready().await.unwrap();
+    let (resp, mut send) = ready.send_request(post, false).unwrap();
+    send.send_data(Bytes::from_static(b"first"), false).unwrap();
+    let (_, mut recv) = resp.await.unwrap().into_parts();
+    let mut got = Vec::new();
+    receive(&mut recv, &mut got, 5).await;
+    send.send_reset(h2::Reason::CANCEL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.closed.load(Ordering::Relaxed) == closed {
+        assert!(
+            Instant::now() < deadline,
+            "{url}: upstream connection left open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[test]

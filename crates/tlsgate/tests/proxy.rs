@@ -10,79 +10,17 @@ mod common;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::upstream::{
-    pattern, pool, route, routes, start, start_early_answering, Python, Upstream, NO_RATE_LIMIT,
+    make_leaf, pattern, pool, route, routes, start, start_early_answering, upstream_tls, Python,
+    Upstream, NO_RATE_LIMIT,
 };
 use common::{tls_connect, Fixture, Server, TlsStream};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
-
-// ---------------------------------------------------------------------
-// PKI for upstream TLS.
-// ---------------------------------------------------------------------
-
-/// A leaf signed by `ca`: (cert DER, key DER, cert PEM path, key PEM path).
-fn make_leaf(
-    dir: &Path,
-    stem: &str,
-    names: &[&str],
-    client: bool,
-    ca: &(rcgen::Certificate, rcgen::KeyPair),
-) -> (CertificateDer<'static>, Vec<u8>, PathBuf, PathBuf) {
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut p =
-        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap();
-    p.distinguished_name.push(rcgen::DnType::CommonName, stem);
-    p.extended_key_usages = vec![if client {
-        rcgen::ExtendedKeyUsagePurpose::ClientAuth
-    } else {
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth
-    }];
-    let cert = p.signed_by(&key, &ca.0, &ca.1).unwrap();
-    let c = dir.join(format!("{stem}.crt"));
-    let k = dir.join(format!("{stem}.key"));
-    std::fs::write(&c, cert.pem()).unwrap();
-    std::fs::write(&k, key.serialize_pem()).unwrap();
-    (cert.der().clone(), key.serialize_der(), c, k)
-}
-
-fn upstream_tls(
-    cert: &CertificateDer<'static>,
-    key: &[u8],
-    client_ca: Option<&rcgen::Certificate>,
-) -> Arc<ServerConfig> {
-    let provider = Arc::new(common::provider());
-    let b = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap();
-    let b = match client_ca {
-        Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            roots.add(ca.der().clone()).unwrap();
-            b.with_client_cert_verifier(
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .unwrap(),
-            )
-        }
-        None => b.with_no_client_auth(),
-    };
-    Arc::new(
-        b.with_single_cert(
-            vec![cert.clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.to_vec())),
-        )
-        .unwrap(),
-    )
-}
 
 // ---------------------------------------------------------------------
 // Client side.

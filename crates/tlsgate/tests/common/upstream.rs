@@ -6,13 +6,15 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::{ServerConfig, ServerConnection, StreamOwned};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
 
 use super::{Fixture, Server};
 
@@ -230,7 +232,13 @@ fn serve_conn(
         let chunked_request = headers
             .get("transfer-encoding")
             .is_some_and(|v| v == "chunked");
-        if request_line.starts_with("POST /duplex ") {
+        let target_ends = |tail: &str| {
+            request_line
+                .split(' ')
+                .nth(1)
+                .is_some_and(|t| t.ends_with(tail))
+        };
+        if request_line.starts_with("POST ") && target_ends("/duplex") {
             // Answers at once, then sends each piece of the body back as
             // it comes (a bidirectional stream over HTTP/1.1): a client
             // sees its first piece again before it sends the second.
@@ -385,6 +393,66 @@ fn echo_as_it_comes(
         },
     }
     io.write_all(b"0\r\n\r\n").and_then(|()| io.flush()).is_ok()
+}
+
+// ---------------------------------------------------------------------
+// PKI for upstream TLS.
+// ---------------------------------------------------------------------
+
+/// A leaf signed by `ca`: (cert DER, key DER, cert PEM path, key PEM path).
+pub fn make_leaf(
+    dir: &Path,
+    stem: &str,
+    names: &[&str],
+    client: bool,
+    ca: &(rcgen::Certificate, rcgen::KeyPair),
+) -> (CertificateDer<'static>, Vec<u8>, PathBuf, PathBuf) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
+    p.distinguished_name.push(rcgen::DnType::CommonName, stem);
+    p.extended_key_usages = vec![if client {
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth
+    } else {
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth
+    }];
+    let cert = p.signed_by(&key, &ca.0, &ca.1).unwrap();
+    let c = dir.join(format!("{stem}.crt"));
+    let k = dir.join(format!("{stem}.key"));
+    std::fs::write(&c, cert.pem()).unwrap();
+    std::fs::write(&k, key.serialize_pem()).unwrap();
+    (cert.der().clone(), key.serialize_der(), c, k)
+}
+
+pub fn upstream_tls(
+    cert: &CertificateDer<'static>,
+    key: &[u8],
+    client_ca: Option<&rcgen::Certificate>,
+) -> Arc<ServerConfig> {
+    let provider = Arc::new(super::provider());
+    let b = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let b = match client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            roots.add(ca.der().clone()).unwrap();
+            b.with_client_cert_verifier(
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .unwrap(),
+            )
+        }
+        None => b.with_no_client_auth(),
+    };
+    Arc::new(
+        b.with_single_cert(
+            vec![cert.clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.to_vec())),
+        )
+        .unwrap(),
+    )
 }
 
 // ---------------------------------------------------------------------
