@@ -415,7 +415,9 @@ impl Transport for TcpStream {
 /// (a 1 MiB cap lost a 413 to a 64 MiB upload on a loaded machine).
 pub(crate) async fn linger_socket(sock: &TcpStream, limit: Duration) {
     // On the heap: an array here would sit in every connection's future.
-    let mut sink = vec![0u8; 16 << 10];
+    // 4 KiB: a small size class; a larger, zero-filled one faulted in fresh
+    // pages per closed connection (tests/serve.rs counts them).
+    let mut sink = vec![0u8; 4096];
     let _ = tokio::time::timeout(limit, async {
         loop {
             if sock.readable().await.is_err() {
