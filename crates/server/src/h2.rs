@@ -21,7 +21,6 @@ mod proxy;
 
 use std::fs::File;
 use std::future::poll_fn;
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
@@ -542,10 +541,9 @@ async fn send_file(
         }
         // Reads go into one buffer per stream: its space comes back once
         // h2 has written (and dropped) the frames cut from it, instead of
-        // a fresh allocation (fresh pages, page faults) per chunk.
-        pool.reserve(n);
-        pool.resize(n, 0);
-        let got = match file.read_at(&mut pool, start + done) {
+        // a fresh allocation (fresh pages, page faults) per chunk; and
+        // into its spare capacity, not zero-filled first.
+        let got = match tlsgate_sys::fileread::pread_append(file, &mut pool, n, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
                 tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
@@ -554,7 +552,6 @@ async fn send_file(
             }
             Ok(got) => got,
         };
-        pool.truncate(got);
         done += got as u64;
         cx.shared.metrics.count_body("userspace", got as u64);
         // One DATA frame per TLS record: a frame of 16384 bytes with its

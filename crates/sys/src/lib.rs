@@ -7,7 +7,8 @@
 //! small function with a `// SAFETY:` note, in the modules that need it
 //! ([`resident`]'s `mmap`/`mlock`, [`ktls`]'s socket options and
 //! control messages, [`packet`]'s `AF_PACKET` socket and `BPF_PROG_RUN`
-//! call for the SYN flood generator); everything else goes through
+//! call for the SYN flood generator, [`fileread`]'s reads into spare
+//! capacity); everything else goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
 
@@ -16,6 +17,7 @@ use std::net::{SocketAddr, TcpListener};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+pub mod fileread;
 pub mod ipc;
 pub mod ktls;
 pub mod packet;
