@@ -852,10 +852,7 @@ impl Upload {
             return Ok(data);
         }
         self.framed.clear();
-        self.framed
-            .extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
-        self.framed.extend_from_slice(data);
-        self.framed.extend_from_slice(b"\r\n");
+        put_body(&mut self.framed, data);
         Ok(&self.framed)
     }
 

@@ -281,9 +281,7 @@ fn serve_conn(
         let chunked = |body: &[u8]| {
             let mut r = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
             for c in body.chunks(100_000) {
-                r.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
-                r.extend_from_slice(c);
-                r.extend_from_slice(b"\r\n");
+                r.extend_from_slice(&chunk_of(c));
             }
             r.extend_from_slice(b"0\r\n\r\n");
             r
@@ -350,6 +348,14 @@ fn serve_conn(
     }
 }
 
+/// `data` framed as one chunk of a chunked body.
+fn chunk_of(data: &[u8]) -> Vec<u8> {
+    let mut chunk = format!("{:x}\r\n", data.len()).into_bytes();
+    chunk.extend_from_slice(data);
+    chunk.extend_from_slice(b"\r\n");
+    chunk
+}
+
 /// `/duplex`: a 200 with a chunked body at once, then every piece of the
 /// request body (`length` bytes, or chunked) sent back as a chunk as soon
 /// as it is read. False when the connection ended first.
@@ -360,10 +366,9 @@ fn echo_as_it_comes(
     length: Option<usize>,
 ) -> bool {
     let echo = |io: &mut dyn Io, data: &[u8]| {
-        let mut chunk = format!("{:x}\r\n", data.len()).into_bytes();
-        chunk.extend_from_slice(data);
-        chunk.extend_from_slice(b"\r\n");
-        io.write_all(&chunk).and_then(|()| io.flush()).is_ok()
+        io.write_all(&chunk_of(data))
+            .and_then(|()| io.flush())
+            .is_ok()
     };
     let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
     if io.write_all(head).and_then(|()| io.flush()).is_err() {
