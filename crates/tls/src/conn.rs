@@ -60,13 +60,37 @@ struct TrackedRead<'a> {
 
 impl Read for TrackedRead<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.sock.try_read(buf)?;
+        let n = read_draining(self.sock, buf)?;
         let got = buf.get(..n).unwrap_or_default();
         self.boundary.observe(got);
         if let Some(first) = self.first.as_deref_mut() {
             first.observe(got);
         }
         Ok(n)
+    }
+}
+
+/// A socket read that, when it comes back short, also marks the socket
+/// not readable: the kernel had no more, so the next read waits for epoll
+/// instead of making a `recvfrom` that returns `EAGAIN` (one system call
+/// per keep-alive request and per handshake flight). tokio's own
+/// `poll_read` does the same. Readiness is cleared through `try_io`, whose
+/// event tick keeps an arrival between the read and the clear from being
+/// lost; a peer's close is never cleared (tokio keeps `READ_CLOSED`).
+fn read_draining(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    let mut short = None;
+    let r = sock.try_io(Interest::READABLE, || {
+        let n = sock.try_read(buf)?;
+        if n > 0 && n < buf.len() {
+            short = Some(n);
+            // Makes `try_io` clear the readiness this read consumed.
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(n)
+    });
+    match (r, short) {
+        (_, Some(n)) => Ok(n),
+        (r, None) => r,
     }
 }
 
