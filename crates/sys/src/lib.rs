@@ -24,6 +24,25 @@ pub mod packet;
 pub mod privileges;
 pub mod resident;
 
+/// Writes `bufs` to a TCP socket with `MSG_MORE`, without waiting: a
+/// last segment that is not full stays queued until the next write or a
+/// `shutdown`, whose FIN then leaves in the same segment (one packet less
+/// for the peer to take and acknowledge when a response ends a connection).
+pub fn send_vectored_more(
+    sock: std::os::fd::BorrowedFd<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> io::Result<usize> {
+    rustix::net::sendmsg(
+        sock,
+        bufs,
+        &mut rustix::net::SendAncillaryBuffer::default(),
+        rustix::net::SendFlags::MORE
+            | rustix::net::SendFlags::DONTWAIT
+            | rustix::net::SendFlags::NOSIGNAL,
+    )
+    .map_err(io::Error::from)
+}
+
 /// A syscall that failed, naming the call and the address.
 #[derive(Debug, thiserror::Error)]
 #[error("{call} on {addr}: {source}")]

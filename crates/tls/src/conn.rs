@@ -49,6 +49,24 @@ impl Write for SyncIo<'_> {
     }
 }
 
+/// The writes of a connection's last records: `MSG_MORE`, so the FIN that
+/// follows at once shares their segment.
+struct LastWrite<'a>(&'a TcpStream);
+
+impl Write for LastWrite<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.write_vectored(&[io::IoSlice::new(buf)])
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        self.0.try_io(Interest::WRITABLE, || {
+            tlsgate_sys::send_vectored_more(self.0.as_fd(), bufs)
+        })
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Socket reads for rustls that keep track of the TLS record framing, so
 /// the record layer can later be handed to the kernel at a record start.
 struct TrackedRead<'a> {
@@ -729,7 +747,21 @@ impl TlsConnection {
         match &mut self.layer {
             Layer::User(tls) => {
                 tls.send_close_notify();
-                self.flush().await?;
+                // The last records wait in the socket for the FIN below,
+                // which leaves with them in one segment.
+                while let Layer::User(tls) = &mut self.layer {
+                    if !tls.wants_write() {
+                        break;
+                    }
+                    match tls.write_tls(&mut LastWrite(&self.sock)) {
+                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            self.sock.writable().await?;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
             Layer::Kernel(_) => self.send_alert(alert::WARNING, alert::CLOSE_NOTIFY).await?,
             Layer::Gone => {}
