@@ -648,9 +648,16 @@ fn auto_mode_takes_over_during_a_syn_flood_and_hands_back() {
         port["state"]["flood_entered"].as_u64().unwrap() >= 1,
         "{st}"
     );
+    // The SYN queue was full when SynGate took over. The kernel counts a
+    // full queue met with cookies on in TCPReqQFullDoCookies, whether its
+    // own SYN handling met it or SynGate's probe (the cookie helper) did.
+    // SyncookiesSent would need a flood SYN to reach the kernel after the
+    // queue filled and before the next probe: when the probe is the first
+    // SYN to find it full (a flood at 1/ms, a probe every t1 = 20 ms), none
+    // does, and that check failed a loaded CI run.
     assert!(
-        nstat(&lab, "TcpExtSyncookiesSent") > 0,
-        "the kernel saw its queue full first"
+        nstat(&lab, "TcpExtTCPReqQFullDoCookies") > 0,
+        "the SYN queue was never full: {st}"
     );
     let top = &st["top_sources"][0];
     assert_eq!(top["prefix"], "10.254.2.7/32", "{st}");
