@@ -702,6 +702,13 @@ impl TlsConnection {
     /// Like [`flush`](Self::flush); `Ok(true)` when the socket was full
     /// on the way, so the client reads slower than we send.
     pub async fn flush_noting_wait(&mut self) -> io::Result<bool> {
+        self.send_records(false).await
+    }
+
+    /// Sends rustls' pending records; `last`: with `MSG_MORE`, for a
+    /// `shutdown` that follows at once. `Ok(true)` when the socket was full
+    /// on the way.
+    async fn send_records(&mut self, last: bool) -> io::Result<bool> {
         let mut waited = false;
         loop {
             let Layer::User(tls) = &mut self.layer else {
@@ -711,7 +718,12 @@ impl TlsConnection {
             if !tls.wants_write() {
                 return Ok(waited);
             }
-            match tls.write_tls(&mut SyncIo(&self.sock)) {
+            let sent = if last {
+                tls.write_tls(&mut LastWrite(&self.sock))
+            } else {
+                tls.write_tls(&mut SyncIo(&self.sock))
+            };
+            match sent {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -749,19 +761,7 @@ impl TlsConnection {
                 tls.send_close_notify();
                 // The last records wait in the socket for the FIN below,
                 // which leaves with them in one segment.
-                while let Layer::User(tls) = &mut self.layer {
-                    if !tls.wants_write() {
-                        break;
-                    }
-                    match tls.write_tls(&mut LastWrite(&self.sock)) {
-                        Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                        Ok(_) => {}
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            self.sock.writable().await?;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+                self.send_records(true).await?;
             }
             Layer::Kernel(_) => self.send_alert(alert::WARNING, alert::CLOSE_NOTIFY).await?,
             Layer::Gone => {}
