@@ -4,7 +4,7 @@
 //! moved into the kernel refuses (`Unsupported`), so callers that use
 //! this keep the connection in user space.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Write};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -46,6 +46,32 @@ impl TlsConnection {
     }
 }
 
+/// Copies decrypted bytes into the unfilled part of `buf`, as
+/// `Read::read` would, but without zeroing that part first:
+/// `ReadBuf::initialize_unfilled` writes every spare byte (h2 reads into
+/// 8 KiB and more of fresh capacity) on each call, even one that finds
+/// nothing to read. `Ok(0)` is the peer's close_notify, as for `read`.
+fn read_plaintext(reader: &mut rustls::Reader<'_>, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    let mut copied = 0;
+    while buf.remaining() > 0 {
+        let chunk = match reader.fill_buf() {
+            Ok(chunk) => chunk,
+            // What was copied goes first; the same state shows again on
+            // the next call.
+            Err(_) if copied > 0 => break,
+            Err(e) => return Err(e),
+        };
+        let n = chunk.len().min(buf.remaining());
+        if n == 0 {
+            break;
+        }
+        buf.put_slice(chunk.get(..n).unwrap_or_default());
+        reader.consume(n);
+        copied += n;
+    }
+    Ok(copied)
+}
+
 impl AsyncRead for TlsConnection {
     /// Decrypted application data; end of stream after the peer's
     /// close_notify, `UnexpectedEof` after a TCP close without it.
@@ -71,15 +97,12 @@ impl AsyncRead for TlsConnection {
             let Layer::User(tls) = &mut this.layer else {
                 return Poll::Ready(Err(kernel_layer()));
             };
-            match tls.reader().read(buf.initialize_unfilled()) {
+            match read_plaintext(&mut tls.reader(), buf) {
                 Ok(0) => {
                     this.peer_closed = true;
                     return Poll::Ready(Ok(()));
                 }
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
+                Ok(_) => return Poll::Ready(Ok(())),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
@@ -167,5 +190,102 @@ impl AsyncWrite for TlsConnection {
             ready!(this.poll_send_records(cx))?;
         }
         Pin::new(&mut this.sock).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::mem::MaybeUninit;
+    use std::sync::Arc;
+
+    use rustls::pki_types::ServerName;
+    use rustls::sign::SingleCertAndKey;
+    use rustls::{ClientConnection, ServerConnection};
+
+    use super::*;
+
+    /// Moves every record each side has to send to the other.
+    fn exchange(c: &mut ClientConnection, s: &mut ServerConnection) {
+        let mut wire = Vec::new();
+        while c.wants_write() {
+            c.write_tls(&mut wire).unwrap();
+        }
+        let mut at = &wire[..];
+        while !at.is_empty() {
+            s.read_tls(&mut at).unwrap();
+            s.process_new_packets().unwrap();
+        }
+        wire.clear();
+        while s.wants_write() {
+            s.write_tls(&mut wire).unwrap();
+        }
+        let mut at = &wire[..];
+        while !at.is_empty() {
+            c.read_tls(&mut at).unwrap();
+            c.process_new_packets().unwrap();
+        }
+    }
+
+    /// A client and a server past their handshake, records kept in memory.
+    fn handshaken() -> (ClientConnection, ServerConnection) {
+        let made = crate::self_signed().unwrap();
+        let cert = made.loaded.certified.cert.first().unwrap().clone();
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(SingleCertAndKey::from(made.loaded.certified)));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut c = ClientConnection::new(Arc::new(client), name).unwrap();
+        let mut s = ServerConnection::new(Arc::new(server)).unwrap();
+        while c.is_handshaking() || s.is_handshaking() {
+            exchange(&mut c, &mut s);
+        }
+        (c, s)
+    }
+
+    #[test]
+    fn plaintext_is_copied_across_records_into_a_buffer_never_initialised() {
+        let (mut c, mut s) = handshaken();
+        // Three writes: three records, three chunks on the server's side.
+        let sent: Vec<u8> = (0..12_000u32).map(|i| (i % 251) as u8).collect();
+        for part in sent.chunks(4_000) {
+            c.writer().write_all(part).unwrap();
+        }
+        exchange(&mut c, &mut s);
+
+        let mut got = Vec::new();
+        // Smaller than what waits and than one record: reads end mid-chunk.
+        let mut space = [MaybeUninit::<u8>::uninit(); 2_500];
+        loop {
+            let mut buf = ReadBuf::uninit(&mut space);
+            match read_plaintext(&mut s.reader(), &mut buf) {
+                Ok(n) => {
+                    // Filled across chunks, as far as bytes wait.
+                    assert_eq!(n, buf.capacity().min(sent.len() - got.len()));
+                    assert_eq!(n, buf.filled().len());
+                    got.extend_from_slice(buf.filled());
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+                    break;
+                }
+            }
+        }
+        assert_eq!(got, sent);
+
+        // Bytes and the close after them: the bytes first, then Ok(0).
+        c.writer().write_all(b"last").unwrap();
+        c.send_close_notify();
+        exchange(&mut c, &mut s);
+        let mut buf = ReadBuf::uninit(&mut space);
+        assert_eq!(read_plaintext(&mut s.reader(), &mut buf).unwrap(), 4);
+        assert_eq!(buf.filled(), b"last");
+        let mut buf = ReadBuf::uninit(&mut space);
+        assert_eq!(read_plaintext(&mut s.reader(), &mut buf).unwrap(), 0);
     }
 }
