@@ -201,34 +201,30 @@ mod tests {
 
     use rustls::pki_types::ServerName;
     use rustls::sign::SingleCertAndKey;
-    use rustls::{ClientConnection, ServerConnection};
+    use rustls::{ClientConnection, Connection, ServerConnection};
 
     use super::*;
 
-    /// Moves every record each side has to send to the other.
-    fn exchange(c: &mut ClientConnection, s: &mut ServerConnection) {
+    /// Moves every record `from` has to send to `to`.
+    fn pass(from: &mut Connection, to: &mut Connection) {
         let mut wire = Vec::new();
-        while c.wants_write() {
-            c.write_tls(&mut wire).unwrap();
+        while from.wants_write() {
+            from.write_tls(&mut wire).unwrap();
         }
         let mut at = &wire[..];
         while !at.is_empty() {
-            s.read_tls(&mut at).unwrap();
-            s.process_new_packets().unwrap();
-        }
-        wire.clear();
-        while s.wants_write() {
-            s.write_tls(&mut wire).unwrap();
-        }
-        let mut at = &wire[..];
-        while !at.is_empty() {
-            c.read_tls(&mut at).unwrap();
-            c.process_new_packets().unwrap();
+            to.read_tls(&mut at).unwrap();
+            to.process_new_packets().unwrap();
         }
     }
 
+    fn exchange(c: &mut Connection, s: &mut Connection) {
+        pass(c, s);
+        pass(s, c);
+    }
+
     /// A client and a server past their handshake, records kept in memory.
-    fn handshaken() -> (ClientConnection, ServerConnection) {
+    fn handshaken() -> (Connection, Connection) {
         let made = crate::self_signed().unwrap();
         let cert = made.loaded.certified.cert.first().unwrap().clone();
         let server = rustls::ServerConfig::builder()
@@ -240,8 +236,8 @@ mod tests {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let name = ServerName::try_from("localhost").unwrap();
-        let mut c = ClientConnection::new(Arc::new(client), name).unwrap();
-        let mut s = ServerConnection::new(Arc::new(server)).unwrap();
+        let mut c = Connection::from(ClientConnection::new(Arc::new(client), name).unwrap());
+        let mut s = Connection::from(ServerConnection::new(Arc::new(server)).unwrap());
         while c.is_handshaking() || s.is_handshaking() {
             exchange(&mut c, &mut s);
         }
