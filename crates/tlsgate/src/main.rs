@@ -173,12 +173,25 @@ fn internal(r: std::io::Result<()>) -> ExitCode {
     }
 }
 
+/// `RUST_LOG`, or `info`. rustls warns about what clients send (an IP
+/// address as SNI, warning alerts, messages out of order): a line per
+/// connection at any client's will, a way to flood the log and a write
+/// per handshake. Its warnings stay out unless `RUST_LOG` names rustls.
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    let asked = std::env::var("RUST_LOG").unwrap_or_default();
+    let filter = Some(asked.as_str())
+        .filter(|a| !a.trim().is_empty())
+        .and_then(|a| tracing_subscriber::EnvFilter::try_new(a).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    match "rustls=error".parse() {
+        Ok(quiet) if !asked.contains("rustls") => filter.add_directive(quiet),
+        _ => filter,
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(log_filter())
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)

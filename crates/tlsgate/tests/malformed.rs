@@ -1493,3 +1493,30 @@ fn http10_keep_alive_is_advertised_on_every_response_that_keeps_it() {
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
+
+/// rustls warns once per connection about what a client sends (here an IP
+/// address as SNI, which RFC 6066 §3 forbids): none of it may reach the
+/// log, or any client could write a line per handshake into it. The tests
+/// run the server with `RUST_LOG=info`, as an operator would.
+#[test]
+fn what_clients_send_cannot_write_a_log_line_per_connection() {
+    let env = start();
+    let srv = &env.server;
+    let before = srv.log().lines().count();
+    for _ in 0..10 {
+        let out = s_client(
+            srv.addr,
+            &["-servername", "127.0.0.1", "-ign_eof"],
+            b"GET /index.html HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(INDEX), "not served: {text}");
+    }
+    let log = srv.log();
+    let added: Vec<&str> = log.lines().skip(before).collect();
+    assert!(
+        added.len() < 3,
+        "10 connections wrote {} log lines: {added:#?}",
+        added.len()
+    );
+}
