@@ -48,6 +48,10 @@ pub struct ServerSection {
     pub shutdown_timeout: Duration,
     /// Listen backlog of every listening socket.
     pub backlog: u32,
+    /// `TCP_DEFER_ACCEPT`: connections reach tlsgate once their first bytes
+    /// are in, or after about this long; "0s" hands them over at once.
+    #[serde(with = "humantime_serde")]
+    pub defer_accept: Duration,
     /// User the network-facing process runs as after binding; "" = stay.
     pub user: String,
     /// Group it runs as; "" = the user's primary group.
@@ -66,6 +70,7 @@ impl Default for ServerSection {
             server_header: "tlsgate".into(),
             shutdown_timeout: Duration::from_secs(10),
             backlog: 1024,
+            defer_accept: Duration::from_secs(1),
             user: String::new(),
             group: String::new(),
             key_isolation: true,

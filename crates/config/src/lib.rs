@@ -81,6 +81,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Listen backlog.
     pub backlog: u32,
+    /// `TCP_DEFER_ACCEPT` of every listener, whole seconds (zero: off).
+    pub defer_accept: Duration,
     /// Privileges kept by the network-facing process.
     pub privileges: Privileges,
     /// Where private keys live and sign.

@@ -223,6 +223,13 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         n => c.within("server.workers", n, 1, 1024)?,
     };
     let backlog = c.within("server.backlog", f.server.backlog, 1, 65535)?;
+    let defer_accept = f.server.defer_accept;
+    if defer_accept > MAX_DEFER_ACCEPT || defer_accept.subsec_nanos() != 0 {
+        return Err(c.err(
+            "server.defer_accept",
+            format!("expected whole seconds from \"0s\" (off) to \"60s\", found {defer_accept:?}"),
+        ));
+    }
     if f.server.user.trim().is_empty() && !f.server.group.trim().is_empty() {
         return Err(c.err(
             "server.group",
@@ -330,6 +337,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         server_header: Some(f.server.server_header.clone()).filter(|s| !s.is_empty()),
         shutdown_timeout: c.positive("server.shutdown_timeout", f.server.shutdown_timeout)?,
         backlog,
+        defer_accept,
         privileges: Privileges {
             user: Some(f.server.user.trim().to_string()).filter(|s| !s.is_empty()),
             group: Some(f.server.group.trim().to_string()).filter(|s| !s.is_empty()),
@@ -448,6 +456,10 @@ fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigErro
         tickets: validate_tickets(c, t)?,
     })
 }
+
+/// Longer would keep a silent client's connection half-open in the kernel
+/// for minutes before tlsgate sees it.
+const MAX_DEFER_ACCEPT: Duration = Duration::from_secs(60);
 
 /// RFC 8446 §4.6.1: a ticket lifetime is at most 7 days.
 const MAX_TICKET_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -891,6 +903,8 @@ names = ["example.com", "*.example.com"]
             ("[admin]\nlisten = \"nowhere\"\n", "admin.listen", "socket address"),
             ("[server]\ngroup = \"nogroup\"\n", "server.group", "server.user"),
             ("[server]\nkey_timeout = \"0s\"\n", "server.key_timeout", "greater than zero"),
+            ("[server]\ndefer_accept = \"1500ms\"\n", "server.defer_accept", "whole seconds"),
+            ("[server]\ndefer_accept = \"2m\"\n", "server.defer_accept", "\"60s\""),
             ("[access_log]\nformat = \"xml\"\n", "access_log.format", "json"),
             ("[tls]\nticket_lifetime = \"8days\"\n", "tls.ticket_lifetime", "7days"),
             ("[tls]\nticket_rotation = \"1500ms\"\n", "tls.ticket_rotation", "whole seconds"),

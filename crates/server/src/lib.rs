@@ -195,16 +195,19 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let workers = gen.config.workers;
     let mut per_worker: Vec<Vec<WorkerSocket>> = (0..workers).map(|_| Vec::new()).collect();
     let mut announced = Vec::new();
+    let listen = tlsgate_sys::ListenOptions {
+        backlog: gen.config.backlog,
+        defer_accept: gen.config.defer_accept,
+    };
     for (i, l) in gen.config.listeners.iter().enumerate() {
         for addr in &l.addrs {
-            let group =
-                tlsgate_sys::reuseport_group(*addr, gen.config.backlog, workers).map_err(|e| {
-                    StartError::Listen {
-                        origin: gen.config.origin.clone(),
-                        key: format!("{}.listen", l.key_path),
-                        source: std::io::Error::new(e.source.kind(), e.to_string()),
-                    }
-                })?;
+            let group = tlsgate_sys::reuseport_group(*addr, listen, workers).map_err(|e| {
+                StartError::Listen {
+                    origin: gen.config.origin.clone(),
+                    key: format!("{}.listen", l.key_path),
+                    source: std::io::Error::new(e.source.kind(), e.to_string()),
+                }
+            })?;
             if let Some(first) = group.first() {
                 announced.push((first.local_addr()?, l.root.clone()));
             }

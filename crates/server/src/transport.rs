@@ -423,7 +423,9 @@ pub(crate) async fn linger_socket(sock: &TcpStream, limit: Duration) {
             if sock.readable().await.is_err() {
                 return;
             }
-            match sock.try_read(&mut sink) {
+            // A short read (the close_notify) waits for the FIN through
+            // epoll, not through a read that fails with EAGAIN.
+            match tlsgate_sys::read_draining(sock, &mut sink) {
                 Ok(0) => return,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

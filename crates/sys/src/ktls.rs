@@ -6,8 +6,8 @@
 //!
 //! The structures are libc's mirrors of `linux/tls.h`. What the TLS library
 //! negotiated (version, cipher, keys, sequence numbers) is the caller's: this
-//! module knows no rustls. Every `unsafe` call is in [`setsockopt_bytes`],
-//! [`send_control`] or [`recv_record`].
+//! module knows no rustls. Options are set through [`crate::sockopt`]; every
+//! `unsafe` call here is in [`send_control`] or [`recv_record`].
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -15,6 +15,8 @@ use std::io;
 use std::mem;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use crate::sockopt::{setsockopt_bytes, setsockopt_int};
 
 use zeroize::Zeroize;
 
@@ -241,41 +243,6 @@ impl Drop for CryptoInfo {
             }
         }
     }
-}
-
-/// `setsockopt` with a byte range: the module's one way to set options.
-fn setsockopt_bytes(
-    sock: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: *const libc::c_void,
-    len: usize,
-) -> io::Result<()> {
-    let len = libc::socklen_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: `value` points to `len` readable bytes owned by the caller for
-    // the duration of the call (a live struct, string or int); the kernel
-    // copies them and keeps no pointer.
-    let r = unsafe { libc::setsockopt(sock.as_raw_fd(), level, name, value, len) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn setsockopt_int(
-    sock: BorrowedFd<'_>,
-    level: libc::c_int,
-    name: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    setsockopt_bytes(
-        sock,
-        level,
-        name,
-        (&v as *const libc::c_int).cast(),
-        mem::size_of::<libc::c_int>(),
-    )
 }
 
 /// Attaches the `tls` upper-layer protocol to a connected TCP socket.

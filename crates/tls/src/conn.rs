@@ -78,37 +78,13 @@ struct TrackedRead<'a> {
 
 impl Read for TrackedRead<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = read_draining(self.sock, buf)?;
+        let n = tlsgate_sys::read_draining(self.sock, buf)?;
         let got = buf.get(..n).unwrap_or_default();
         self.boundary.observe(got);
         if let Some(first) = self.first.as_deref_mut() {
             first.observe(got);
         }
         Ok(n)
-    }
-}
-
-/// A socket read that, when it comes back short, also marks the socket
-/// not readable: the kernel had no more, so the next read waits for epoll
-/// instead of making a `recvfrom` that returns `EAGAIN` (one system call
-/// per keep-alive request and per handshake flight). tokio's own
-/// `poll_read` does the same. Readiness is cleared through `try_io`, whose
-/// event tick keeps an arrival between the read and the clear from being
-/// lost; a peer's close is never cleared (tokio keeps `READ_CLOSED`).
-fn read_draining(sock: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
-    let mut short = None;
-    let r = sock.try_io(Interest::READABLE, || {
-        let n = sock.try_read(buf)?;
-        if n > 0 && n < buf.len() {
-            short = Some(n);
-            // Makes `try_io` clear the readiness this read consumed.
-            return Err(io::ErrorKind::WouldBlock.into());
-        }
-        Ok(n)
-    });
-    match (r, short) {
-        (_, Some(n)) => Ok(n),
-        (r, None) => r,
     }
 }
 
@@ -1020,106 +996,5 @@ mod tests {
         assert!(server_hello_session_id(&empty).is_none());
         assert!(server_hello_session_id(&flight[..50]).is_none());
         assert!(server_hello_session_id(&[0x15, 3, 3, 0, 2, 2, 40]).is_none());
-    }
-
-    /// A connected loopback pair: tokio's end, and a std end to write from.
-    async fn pair() -> (TcpStream, std::net::TcpStream) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (sock, _) = listener.accept().await.unwrap();
-        (sock, peer)
-    }
-
-    /// Reads with `read_draining` until `want` bytes came, waiting for the
-    /// socket in between; fails after 5 s (a lost wake-up).
-    async fn read_all(sock: &TcpStream, want: usize) -> Vec<u8> {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 64];
-        tokio::time::timeout(Duration::from_secs(5), async {
-            while got.len() < want {
-                match read_draining(sock, &mut buf) {
-                    Ok(0) => panic!("EOF after {} of {want} bytes", got.len()),
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        sock.readable().await.unwrap();
-                    }
-                    Err(e) => panic!("{e}"),
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("stalled after {} of {want} bytes", got.len()));
-        got
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_short_read_waits_for_the_socket_and_misses_nothing_after_it() {
-        let (sock, mut peer) = pair().await;
-        peer.write_all(b"first").unwrap();
-        sock.readable().await.unwrap();
-        let mut buf = [0u8; 64];
-        assert_eq!(read_draining(&sock, &mut buf).unwrap(), 5);
-        // Short: the next read reports nothing to read (without a system
-        // call: tests/serve.rs counts them)...
-        assert_eq!(
-            read_draining(&sock, &mut buf).unwrap_err().kind(),
-            io::ErrorKind::WouldBlock
-        );
-        // ...and what comes later still wakes the reader.
-        let writer = std::thread::spawn(move || {
-            for piece in [&b"second"[..], b"third", b"fourth"] {
-                std::thread::sleep(Duration::from_millis(20));
-                peer.write_all(piece).unwrap();
-            }
-            peer
-        });
-        assert_eq!(read_all(&sock, 17).await, b"secondthirdfourth");
-        writer.join().unwrap();
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_close_after_a_short_read_is_still_seen() {
-        let (sock, mut peer) = pair().await;
-        peer.write_all(b"last words").unwrap();
-        peer.shutdown(std::net::Shutdown::Write).unwrap();
-        assert_eq!(read_all(&sock, 10).await, b"last words");
-        let mut buf = [0u8; 64];
-        let eof = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match read_draining(&sock, &mut buf) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        sock.readable().await.unwrap();
-                    }
-                    other => return other.unwrap(),
-                }
-            }
-        })
-        .await
-        .expect("the peer's close was lost");
-        assert_eq!(eof, 0);
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_full_read_leaves_the_socket_readable() {
-        let (sock, mut peer) = pair().await;
-        peer.write_all(&[7u8; 100]).unwrap();
-        // Both pieces may not have arrived together: wait until they have.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        loop {
-            sock.readable().await.unwrap();
-            let mut probe = [0u8; 128];
-            if sock.peek(&mut probe).await.unwrap() == 100 {
-                break;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "100 bytes never arrived"
-            );
-        }
-        let mut buf = [0u8; 64];
-        // A full buffer says nothing about what is left: the next read goes
-        // to the kernel and gets the rest.
-        assert_eq!(read_draining(&sock, &mut buf).unwrap(), 64);
-        assert_eq!(read_draining(&sock, &mut buf).unwrap(), 36);
     }
 }
