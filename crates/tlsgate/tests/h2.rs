@@ -793,3 +793,85 @@ fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
         assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).0, "200");
     });
 }
+
+/// One HTTP/2 exchange whose client speaks at once: the preface,
+/// SETTINGS and a GET of /hello.txt leave in the same write as its TLS
+/// Finished (rustls sends early plaintext right after it). Returns once
+/// the response's last DATA frame came.
+fn one_shot_h2_get(addr: SocketAddr) {
+    let mut config = client_config(rustls::DEFAULT_VERSIONS);
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let name = ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+                                                         // HPACK: :method GET, :scheme https (static 2, 7), :path and
+                                                         // :authority as literals with indexed names (4, 1), no Huffman.
+    let mut block = vec![0x82, 0x87, 0x04, 10];
+    block.extend_from_slice(b"/hello.txt");
+    block.extend_from_slice(&[0x01, 9]);
+    block.extend_from_slice(b"localhost");
+    let len = u8::try_from(block.len()).unwrap();
+    // HEADERS, END_STREAM | END_HEADERS, stream 1.
+    out.extend_from_slice(&[0, 0, len, 1, 0x5, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    // Queued before the handshake: it leaves with the client's Finished.
+    std::io::Write::write_all(&mut tls.conn.writer(), &out).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        // Frames so far: done at stream 1's DATA with END_STREAM.
+        let mut at = 0;
+        while got.len() >= at + 9 {
+            let flen = usize::from(got[at]) << 16
+                | usize::from(got[at + 1]) << 8
+                | usize::from(got[at + 2]);
+            let (kind, flags, stream) = (got[at + 3], got[at + 4], got[at + 8]);
+            if got.len() < at + 9 + flen {
+                break;
+            }
+            if kind == 0 && stream == 1 && flags & 1 == 1 {
+                return;
+            }
+            at += 9 + flen;
+        }
+        let n = std::io::Read::read(&mut tls, &mut buf).unwrap();
+        assert!(n > 0, "closed before the response ended: {got:02x?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// After the handshake's flight, a new connection's session tickets,
+/// SETTINGS, SETTINGS ACK and first response leave in one write: the
+/// connection loop sends what its turns wrote once none has more to do,
+/// and a read that waits no longer sends first (it did: 4 writes per
+/// connection before, 2 now, strace counting).
+#[test]
+fn a_new_connection_answers_its_first_request_in_one_write_after_the_flight() {
+    let f = Fixture::new();
+    let s = Server::start(&f, &config(&f, "", ""));
+    let connections = 8;
+    let calls = traced_calls(&f, &["trace=writev,sendmsg"], s.pid(), || {
+        for _ in 0..connections {
+            one_shot_h2_get(s.addr);
+        }
+    });
+    // TLS records to the clients (handshake or application data), not the
+    // key lane's or the access log's messages.
+    let to_clients: Vec<&String> = calls
+        .iter()
+        .filter(|l| l.contains("iov_base=\"\\26\\3\\3") || l.contains("iov_base=\"\\27\\3\\3"))
+        .collect();
+    assert!(
+        to_clients.len() <= 2 * connections,
+        "{} writes for {connections} new connections: {to_clients:#?}",
+        to_clients.len()
+    );
+    assert!(
+        to_clients.len() >= 2 * connections,
+        "strace saw too few writes: {calls:#?}"
+    );
+}

@@ -434,61 +434,6 @@ fn keep_alive_serves_many_requests_on_one_connection() {
     );
 }
 
-/// The `recvfrom` calls of the server process (every thread) that failed
-/// while `work` ran, as strace saw them.
-fn failed_socket_reads(fx: &Fixture, pid: u32, work: impl FnOnce()) -> Vec<String> {
-    let out = fx.path().join("strace.out");
-    let mut tracer = Command::new("strace")
-        .args([
-            "-f",
-            "-qq",
-            "-e",
-            "trace=recvfrom",
-            "-e",
-            "status=failed",
-            "-o",
-        ])
-        .arg(&out)
-        .args(["-p", &pid.to_string()])
-        .spawn()
-        .expect("strace (./dev setup installs it)");
-    // strace has attached once every thread shows it as its tracer.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let traced = || {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .all(|t| {
-                let status =
-                    std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default();
-                status
-                    .lines()
-                    .any(|l| l.starts_with("TracerPid:") && l.trim_end() != "TracerPid:\t0")
-            })
-    };
-    while !traced() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "strace did not attach in 10 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    work();
-    std::thread::sleep(Duration::from_millis(200));
-    let ok = Command::new("kill")
-        .args(["-INT", &tracer.id().to_string()])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill -INT strace failed");
-    tracer.wait().unwrap();
-    std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains("recvfrom("))
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
 fn reads_wait_for_the_socket_instead_of_failing_with_eagain() {
     // A short read means the kernel had nothing more: the next read waits
@@ -503,7 +448,7 @@ fn reads_wait_for_the_socket_instead_of_failing_with_eagain() {
     let mut c = tls_connect(s.addr);
     get_hello(&mut c);
     let (requests, connections) = (50, 20);
-    let failed = failed_socket_reads(&fx, s.pid(), || {
+    let failed = traced_calls(&fx, &["trace=recvfrom", "status=failed"], s.pid(), || {
         for _ in 0..requests {
             get_hello(&mut c);
             // The server reads again before the next request is there.

@@ -40,6 +40,15 @@ impl TlsConnection {
         }
     }
 
+    /// Whether a read that must wait sends the pending records first (the
+    /// default). A caller that sends them at the end of each of its turns
+    /// turns it off, so that what its turns wrote leaves in one write: a
+    /// new HTTP/2 connection's tickets, SETTINGS, SETTINGS ACK and first
+    /// response in one `writev` after the handshake's flight, not three.
+    pub fn send_before_waiting(&mut self, on: bool) {
+        self.send_before_waiting = on;
+    }
+
     /// Whether encrypted records wait to be sent (a slow reader's sign).
     pub fn has_pending_records(&self) -> bool {
         matches!(&self.layer, Layer::User(tls) if tls.wants_write())
@@ -107,8 +116,9 @@ impl AsyncRead for TlsConnection {
                 Err(e) => return Poll::Ready(Err(e)),
             }
             // Nothing decrypted is waiting: records rustls queued by itself
-            // (tickets, a KeyUpdate answer) go out first, without waiting.
-            if tls.wants_write() {
+            // (tickets, a KeyUpdate answer) and what the caller wrote go out
+            // first, without waiting, unless the caller sends them itself.
+            if this.send_before_waiting && tls.wants_write() {
                 if let Poll::Ready(Err(e)) = this.poll_send_records(cx) {
                     return Poll::Ready(Err(e));
                 }

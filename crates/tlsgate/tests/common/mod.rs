@@ -618,3 +618,54 @@ pub fn h2spec_strict_passes(port: u16, path: &str) -> String {
     assert!(text.contains(" 0 failed"), "{text}");
     text
 }
+
+/// The system calls of the server process (every thread) that strace saw
+/// while `work` ran, selected by strace's `-e` expressions `filters`
+/// (e.g. `trace=recvfrom`, `status=failed`): one line each.
+pub fn traced_calls(fx: &Fixture, filters: &[&str], pid: u32, work: impl FnOnce()) -> Vec<String> {
+    let out = fx.path().join("strace.out");
+    let mut tracer = Command::new("strace");
+    tracer.args(["-f", "-qq"]);
+    for f in filters {
+        tracer.args(["-e", f]);
+    }
+    let mut tracer = tracer
+        .arg("-o")
+        .arg(&out)
+        .args(["-p", &pid.to_string()])
+        .spawn()
+        .expect("strace (./dev setup installs it)");
+    // strace has attached once every thread shows it as its tracer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let traced = || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .all(|t| {
+                let status =
+                    std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default();
+                status
+                    .lines()
+                    .any(|l| l.starts_with("TracerPid:") && l.trim_end() != "TracerPid:\t0")
+            })
+    };
+    while !traced() {
+        assert!(Instant::now() < deadline, "strace did not attach in 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    work();
+    std::thread::sleep(Duration::from_millis(200));
+    let ok = Command::new("kill")
+        .args(["-INT", &tracer.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -INT strace failed");
+    tracer.wait().unwrap();
+    std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        // Calls, not strace's notes (signals, exits).
+        .filter(|l| l.contains('('))
+        .map(str::to_owned)
+        .collect()
+}
