@@ -332,6 +332,13 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
             if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
                 tracing::warn!("server.workers and admin.listen take effect at the next restart");
             }
+            if new.config.backlog != old.config.backlog
+                || new.config.defer_accept != old.config.defer_accept
+            {
+                tracing::warn!(
+                    "server.backlog and defer_accept take effect at the next restart (the listeners stay open)"
+                );
+            }
             if new.config.xdp != old.config.xdp {
                 tracing::warn!("[xdp] changes take effect at the next restart");
             }

@@ -6,7 +6,7 @@
 //!
 //! The structures are libc's mirrors of `linux/tls.h`. What the TLS library
 //! negotiated (version, cipher, keys, sequence numbers) is the caller's: this
-//! module knows no rustls. Options are set through [`crate::sockopt`]; every
+//! module knows no rustls. Options are set through the crate's `sockopt`; every
 //! `unsafe` call here is in [`send_control`] or [`recv_record`].
 #![allow(unsafe_code)]
 

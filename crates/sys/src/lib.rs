@@ -5,8 +5,8 @@
 //!
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
-//! ([`resident`]'s `mmap`/`mlock`, [`ktls`]'s socket options and
-//! control messages, [`packet`]'s `AF_PACKET` socket and `BPF_PROG_RUN`
+//! ([`resident`]'s `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS,
+//! `TCP_DEFER_ACCEPT`), [`ktls`]'s control messages, [`packet`]'s `AF_PACKET` socket and `BPF_PROG_RUN`
 //! call for the SYN flood generator, [`fileread`]'s reads into spare
 //! capacity); everything else goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
@@ -89,8 +89,11 @@ pub struct ListenOptions {
     /// The accept queue's length.
     pub backlog: u32,
     /// `TCP_DEFER_ACCEPT`: a connection is handed to `accept` once its first
-    /// bytes (the ClientHello) are in, or after about this long without
-    /// them; zero hands it over at once. Whole seconds, rounded up.
+    /// bytes (the ClientHello) are in; a silent one after about this long,
+    /// which the kernel rounds up to 1, 3, 7, 15, 31 or 63 s (SYN-ACK
+    /// retransmissions), or never if the peer has gone. Connections made by
+    /// SYN cookies are handed over at once. Zero: every one at once. Whole
+    /// seconds, rounded up.
     pub defer_accept: Duration,
 }
 

@@ -173,18 +173,30 @@ fn internal(r: std::io::Result<()>) -> ExitCode {
     }
 }
 
-/// `RUST_LOG`, or `info`. rustls warns about what clients send (an IP
-/// address as SNI, warning alerts, messages out of order): a line per
-/// connection at any client's will, a way to flood the log and a write
-/// per handshake. Its warnings stay out unless `RUST_LOG` names rustls.
+/// `RUST_LOG`, or `info` when it is unset, empty or invalid. rustls
+/// warns about what clients send (an IP address as SNI, warning alerts,
+/// messages out of order): a line per connection at any client's will, a
+/// way to flood the log and a write per handshake. Its records are kept to
+/// errors unless a directive names rustls itself (`rustls=debug`) or the
+/// log is off.
 fn log_filter() -> tracing_subscriber::EnvFilter {
     let asked = std::env::var("RUST_LOG").unwrap_or_default();
-    let filter = Some(asked.as_str())
-        .filter(|a| !a.trim().is_empty())
-        .and_then(|a| tracing_subscriber::EnvFilter::try_new(a).ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    let parsed = Some(asked.trim())
+        .filter(|a| !a.is_empty())
+        .and_then(|a| tracing_subscriber::EnvFilter::try_new(a).ok());
+    let Some(filter) = parsed else {
+        return tracing_subscriber::EnvFilter::new("info,rustls=error");
+    };
+    let directives = || asked.split(',').map(str::trim);
+    let names_rustls = directives().any(|d| {
+        d == "rustls"
+            || d.starts_with("rustls=")
+            || d.starts_with("rustls::")
+            || d.starts_with("rustls[")
+    });
+    let off = directives().any(|d| d.eq_ignore_ascii_case("off"));
     match "rustls=error".parse() {
-        Ok(quiet) if !asked.contains("rustls") => filter.add_directive(quiet),
+        Ok(quiet) if !names_rustls && !off => filter.add_directive(quiet),
         _ => filter,
     }
 }

@@ -61,6 +61,8 @@ impl TlsConnection {
 /// 8 KiB and more of fresh capacity) on each call, even one that finds
 /// nothing to read. `Ok(0)` is the peer's close_notify, as for `read`.
 fn read_plaintext(reader: &mut rustls::Reader<'_>, buf: &mut ReadBuf<'_>) -> io::Result<usize> {
+    // With no room, 0 would read as the peer's close.
+    debug_assert!(buf.remaining() > 0, "read_plaintext needs room");
     let mut copied = 0;
     while buf.remaining() > 0 {
         let chunk = match reader.fill_buf() {
