@@ -380,14 +380,7 @@ pub fn clear_error(sock: BorrowedFd<'_>) -> io::Result<Option<io::Error>> {
 /// Writes `data` with `MSG_MORE`: under kTLS the record stays open so the
 /// next write (a `sendfile`) fills it, instead of a small record of its own.
 pub fn send_more(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<usize> {
-    rustix::net::send(
-        sock,
-        data,
-        rustix::net::SendFlags::MORE
-            | rustix::net::SendFlags::DONTWAIT
-            | rustix::net::SendFlags::NOSIGNAL,
-    )
-    .map_err(io::Error::from)
+    crate::send_vectored_more(sock, &[io::IoSlice::new(data)])
 }
 
 /// `sendfile(2)` from `file` at `offset` (advanced by what was sent).

@@ -6,9 +6,10 @@
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
 //! ([`resident`]'s `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS,
-//! `TCP_DEFER_ACCEPT`), [`ktls`]'s control messages, [`packet`]'s `AF_PACKET` socket and `BPF_PROG_RUN`
-//! call for the SYN flood generator, [`fileread`]'s reads into spare
-//! capacity); everything else goes through
+//! `TCP_DEFER_ACCEPT`), [`ktls`]'s control messages, [`packet`]'s
+//! `AF_PACKET` socket and `BPF_PROG_RUN` call for the SYN flood
+//! generator, [`fileread`]'s reads into spare capacity); everything else
+//! goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
 
