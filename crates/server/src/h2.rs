@@ -107,6 +107,9 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
         }
     };
 
+    // From here every turn of the loop below ends by sending what it
+    // wrote (its last branch): a read that waits need not send first.
+    guard::send_at_turn_end(&conn);
     let mut shutdown = cx.shutdown.clone();
     let mut streams = FuturesUnordered::new();
     let mut served: u64 = 0;

@@ -266,6 +266,7 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
         peer_closed: false,
         write_closed: false,
         session: None,
+        send_before_waiting: true,
     };
     if tls12 {
         // The first flight goes out now, its session ID noted.
@@ -303,6 +304,9 @@ pub struct TlsConnection {
     write_closed: bool,
     /// The TLS 1.2 session this connection put in (or took from) the cache.
     session: Option<CachedSession>,
+    /// `poll_read` sends what rustls queued before it waits (see there);
+    /// off when the caller sends at the end of every turn anyway.
+    send_before_waiting: bool,
 }
 
 // Boxing rustls' state would cost an allocation per connection to save

@@ -345,6 +345,12 @@ pub(super) fn poll_send_records(
     r
 }
 
+/// Leaves the sending of what h2 wrote to the connection loop's turns
+/// ([`poll_send_records`]), not to reads that wait.
+pub(super) fn send_at_turn_end(conn: &SharedConn<'_>) {
+    lock(conn).send_before_waiting(false);
+}
+
 /// Sends every record still waiting, for the end of the connection.
 pub(super) fn poll_flush(conn: &SharedConn<'_>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
     Pin::new(&mut **lock(conn)).poll_flush(cx)

@@ -3,13 +3,6 @@
 //! `h2` crate). Only while rustls runs the record layer: a connection
 //! moved into the kernel refuses (`Unsupported`), so callers that use
 //! this keep the connection in user space.
-//!
-//! Reads never send. What rustls queued by itself (session tickets, a
-//! KeyUpdate answer) leaves with what the caller wrote, on `poll_flush`:
-//! the caller decides when, so one write carries all of a turn's output
-//! (h2's connection loop flushes at the end of every turn: a new
-//! connection's tickets, SETTINGS, SETTINGS ACK and first response leave
-//! in one `writev` after the handshake's flight).
 
 use std::io::{self, BufRead, Write};
 use std::pin::Pin;
@@ -45,6 +38,15 @@ impl TlsConnection {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
+    }
+
+    /// Whether a read that must wait sends the pending records first (the
+    /// default). A caller that sends them at the end of each of its turns
+    /// turns it off, so that what its turns wrote leaves in one write: a
+    /// new HTTP/2 connection's tickets, SETTINGS, SETTINGS ACK and first
+    /// response in one `writev` after the handshake's flight, not three.
+    pub fn send_before_waiting(&mut self, on: bool) {
+        self.send_before_waiting = on;
     }
 
     /// Whether encrypted records wait to be sent (a slow reader's sign).
@@ -115,6 +117,17 @@ impl AsyncRead for TlsConnection {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Poll::Ready(Err(e)),
             }
+            // Nothing decrypted is waiting: records rustls queued by itself
+            // (tickets, a KeyUpdate answer) and what the caller wrote go out
+            // first, without waiting, unless the caller sends them itself.
+            if this.send_before_waiting && tls.wants_write() {
+                if let Poll::Ready(Err(e)) = this.poll_send_records(cx) {
+                    return Poll::Ready(Err(e));
+                }
+            }
+            let Layer::User(tls) = &mut this.layer else {
+                return Poll::Ready(Err(kernel_layer()));
+            };
             let mut io = TrackedRead {
                 sock: &this.sock,
                 boundary: &mut this.boundary,
