@@ -361,9 +361,12 @@ impl TlsConnection {
                 return Err(HandshakeError::Eof);
             }
         }
-        // TLS 1.3 session tickets stay queued: they leave with the first
-        // response in one write, or in `read` before it waits for the
-        // client, saving a write (and a client wake-up) per connection.
+        // What rustls queued last stays queued: TLS 1.3 session tickets
+        // leave with the first response in one write (or in the first read
+        // that waits), saving a write and a client wake-up per connection.
+        // A full TLS 1.2 handshake's last flight (ticket, ChangeCipherSpec,
+        // Finished), which the client waits for, leaves in the first read
+        // that waits (see `send_before_waiting`).
         Ok(())
     }
 

@@ -45,6 +45,16 @@ impl TlsConnection {
     /// turns it off, so that what its turns wrote leaves in one write: a
     /// new HTTP/2 connection's tickets, SETTINGS, SETTINGS ACK and first
     /// response in one `writev` after the handshake's flight, not three.
+    ///
+    /// Turn it off only once the peer has sent application data: until
+    /// then it may be waiting for what rustls queued. After a full TLS 1.2
+    /// handshake, [`accept`](super::accept) leaves the server's last flight
+    /// (ticket, ChangeCipherSpec, Finished) queued, and the client sends
+    /// nothing before it has it. Under h2 nothing else sends it: h2's
+    /// flushes wait for the end of the connection loop's turns, and that
+    /// loop starts only after the client's preface. (With reads that never
+    /// sent, curl over TLS 1.2 and h2 waited for the Finished until the
+    /// 10 s preface timeout closed the connection: `tests/keys.rs`.)
     pub fn send_before_waiting(&mut self, on: bool) {
         self.send_before_waiting = on;
     }
