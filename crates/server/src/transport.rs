@@ -307,7 +307,7 @@ impl Transport for TlsClient<'_> {
         self.conn.close().await
     }
     async fn linger(&mut self, limit: Duration) {
-        linger_socket(self.conn.socket(), limit).await;
+        linger_tls(&mut self.conn, limit).await;
     }
     fn send_file(
         &mut self,
@@ -383,7 +383,7 @@ impl Transport for TlsConnection {
         TlsConnection::close(self).await
     }
     async fn linger(&mut self, limit: Duration) {
-        linger_socket(self.socket(), limit).await;
+        linger_tls(self, limit).await;
     }
 }
 
@@ -405,6 +405,23 @@ impl Transport for TcpStream {
     }
     async fn linger(&mut self, limit: Duration) {
         linger_socket(self, limit).await;
+    }
+}
+
+/// What a lingering TLS connection reads through rustls, looking for the
+/// client's close_notify, before it drains the rest undecrypted: a record
+/// and a little more (a client uploading is not decrypted for 2 s).
+const PEER_CLOSE_BUDGET: usize = 16 * 1024 + 512;
+
+/// [`linger_socket`] for a TLS connection whose close_notify went out:
+/// the client's close_notify ends it at once (see
+/// `TlsConnection::read_peer_close`).
+async fn linger_tls(conn: &mut TlsConnection, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    let read = tokio::time::timeout_at(deadline, conn.read_peer_close(PEER_CLOSE_BUDGET)).await;
+    if let Ok(false) = read {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        linger_socket(conn.socket(), left).await;
     }
 }
 

@@ -752,6 +752,50 @@ impl TlsConnection {
         self.sock.shutdown().await
     }
 
+    /// After [`close`](Self::close): waits for the client to close too,
+    /// reading through rustls at most `budget` bytes of what it still
+    /// sends. `true` once its close_notify came, or its FIN, or the
+    /// connection failed: a TLS peer sends nothing after its close_notify
+    /// (RFC 8446 §6.1), so a lingering close need not wait for the FIN
+    /// behind it (a wake-up and a read per connection for clients that
+    /// send one, such as curl and wrk). `false` when the client sent
+    /// something else, more than `budget` bytes of it, or records rustls
+    /// refuses: the caller drains the socket without decrypting. Always
+    /// `false` under kernel TLS. Plaintext read here is dropped.
+    pub async fn read_peer_close(&mut self, budget: usize) -> bool {
+        let mut left = budget;
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                return false;
+            };
+            let Ok(state) = tls.process_new_packets() else {
+                return false;
+            };
+            if state.plaintext_bytes_to_read() > 0 {
+                // Dropped in place: no buffer lives in the caller's future.
+                let mut reader = tls.reader();
+                while let Ok(chunk) = io::BufRead::fill_buf(&mut reader) {
+                    let n = chunk.len();
+                    if n == 0 {
+                        break;
+                    }
+                    io::BufRead::consume(&mut reader, n);
+                }
+            }
+            if state.peer_has_closed() {
+                self.peer_closed = true;
+                return true;
+            }
+            if left == 0 {
+                return false;
+            }
+            match self.read_tls().await {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    }
+
     /// Sends `head` then `len` bytes of `file` from `offset` with
     /// `sendfile(2)`, the head in the body's first record (`MSG_MORE`).
     /// Only under kernel TLS; every wait for the socket is bounded by

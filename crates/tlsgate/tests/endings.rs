@@ -210,3 +210,70 @@ fn sigterm_after_traffic_logs_no_error() {
     let log = s.log();
     assert!(!log.contains("ERROR"), "{log}");
 }
+
+/// After a `Connection: close` response the server lingers, draining what
+/// the client still sends until its FIN (up to 2 s), so that a reset does
+/// not destroy the response. A client's close_notify ends that at once: a
+/// TLS peer sends nothing after it. A client that sends none and keeps
+/// its socket open is still waited for.
+#[test]
+fn a_clients_close_notify_ends_the_lingering_close() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    // Python's `unwrap()` sends close_notify and leaves the TCP connection
+    // open; "plain" sends nothing more. Both then hold the socket for 4 s.
+    let script = r#"
+import socket, ssl, sys, time
+port, how = int(sys.argv[1]), sys.argv[2]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+s = ctx.wrap_socket(raw, server_hostname="localhost")
+s.sendall(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+got = b""
+while True:
+    chunk = s.recv(4096)
+    if not chunk:
+        break
+    got += chunk
+assert got.endswith(b"hello from the test site\n"), got
+held = s.unwrap() if how == "close_notify" else s
+print("answered", flush=True)
+time.sleep(4)
+"#;
+    for how in ["close_notify", "plain"] {
+        let mut client = Command::new("python3")
+            .args(["-c", script, &s.addr.port().to_string(), how])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 must be installed (./dev setup installs it)");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(client.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "answered", "{how}");
+        let t0 = Instant::now();
+        let text = s.metrics_when(|t| {
+            t.contains("tlsgate_connections_open 0\n") || t0.elapsed() > Duration::from_secs(1)
+        });
+        let closed = text.contains("tlsgate_connections_open 0\n");
+        if how == "close_notify" {
+            assert!(
+                closed,
+                "still lingering 1 s after the client's close_notify"
+            );
+        } else {
+            assert!(
+                text.contains("tlsgate_connections_open 1\n"),
+                "a client without close_notify must be waited for: {text}"
+            );
+        }
+        let _ = client.kill();
+        let _ = client.wait();
+        s.metrics_when(|t| t.contains("tlsgate_connections_open 0\n"));
+    }
+}
