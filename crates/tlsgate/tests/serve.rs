@@ -765,13 +765,26 @@ fn open_file_cache_off_holds_no_file() {
 }
 
 /// The server's proportional set size, bytes.
-fn pss(pid: u32) -> u64 {
+/// The memory only `pid` maps (`Private_Clean` + `Private_Dirty`): the
+/// heap, stacks, written data. PSS would also count a share of the
+/// binary's pages, and that share moves whenever another tlsgate that
+/// maps them (other tests' servers) starts or exits between two readings.
+fn private_bytes(pid: u32) -> u64 {
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
     let kib: u64 = rollup
         .lines()
-        .find_map(|l| l.strip_prefix("Pss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
+        .filter_map(|l| {
+            l.strip_prefix("Private_Clean:")
+                .or_else(|| l.strip_prefix("Private_Dirty:"))
+        })
+        .map(|v| {
+            v.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum();
     kib * 1024
 }
 
@@ -784,19 +797,23 @@ fn idle_keep_alive_connections_hold_little_memory() {
     // Rust heap per idle connection before (2026-11-25); nginx needs ~2–16.
     const CONNECTIONS: usize = 1000;
     let fx = Fixture::new();
-    let s = Server::start(
-        &fx,
-        &fx.config(
-            "[server]\nworkers = 1\n\n[limits]\nhandshake_rate_per_source = 0\nmax_handshakes_per_source = 0\nmax_connections_per_ip = 2000\n",
-            "",
-        ),
+    let config = fx.write_config(&fx.config(
+        "[server]\nworkers = 1\n\n[limits]\nhandshake_rate_per_source = 0\nmax_handshakes_per_source = 0\nmax_connections_per_ip = 2000\n",
+        "",
+    ));
+    // jemalloc gives freed pages back at once, not after 10 s, so that
+    // what is counted is live: whether the warm-up's freed pages were
+    // counted before or reused after is then no longer left to timing.
+    let s = Server::spawn_under(
+        &["env", "MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0"],
+        &["serve", "--config", config.to_str().unwrap()],
     );
     // Warm: the allocator's caches, the key process, the file cache.
     let mut warm: Vec<TlsStream> = (0..50).map(|_| tls_connect(s.addr)).collect();
     warm.iter_mut().for_each(get_hello);
     drop(warm);
     std::thread::sleep(Duration::from_millis(500));
-    let before = pss(s.pid());
+    let before = private_bytes(s.pid());
     let mut idle = Vec::with_capacity(CONNECTIONS);
     for _ in 0..CONNECTIONS {
         let mut c = tls_connect(s.addr);
@@ -804,8 +821,11 @@ fn idle_keep_alive_connections_hold_little_memory() {
         idle.push(c);
     }
     std::thread::sleep(Duration::from_millis(500));
-    let per_connection = pss(s.pid()).saturating_sub(before) as f64 / CONNECTIONS as f64;
-    eprintln!("{:.1} KiB PSS per idle connection", per_connection / 1024.0);
+    let per_connection = private_bytes(s.pid()).saturating_sub(before) as f64 / CONNECTIONS as f64;
+    eprintln!(
+        "{:.1} KiB of private memory per idle connection",
+        per_connection / 1024.0
+    );
     assert!(
         per_connection < 16.0 * 1024.0,
         "{:.1} KiB per idle keep-alive connection",
