@@ -764,7 +764,6 @@ fn open_file_cache_off_holds_no_file() {
     );
 }
 
-/// The server's proportional set size, bytes.
 /// The memory only `pid` maps (`Private_Clean` + `Private_Dirty`): the
 /// heap, stacks, written data. PSS would also count a share of the
 /// binary's pages, and that share moves whenever another tlsgate that
