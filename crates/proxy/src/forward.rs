@@ -1276,28 +1276,30 @@ impl UpBody {
                     }
                     self.input.clear();
                     self.left -= take as u64;
-                    return Ok(self.left == 0);
+                    if self.left == 0 {
+                        return Ok(true);
+                    }
+                    // What the upstream has already sent goes to the client
+                    // with this piece, in one write instead of two: a 64 KiB
+                    // answer is usually on the socket whole by the time its
+                    // head is parsed. Only what is there; this never waits.
+                    let mut cx = Context::from_waker(std::task::Waker::noop());
+                    let mut read = std::pin::pin!(self.read_length(upstream, out));
+                    return match read.as_mut().poll(&mut cx) {
+                        Poll::Ready(r) => r,
+                        Poll::Pending => Ok(false),
+                    };
                 }
                 if self.left == 0 {
                     return Ok(true);
                 }
-                let want = usize::try_from(self.left).map_or(CHUNK, |l| l.min(CHUNK));
-                out.reserve(want);
-                let n = within(deadline, idle, Failure::IdleTimeout, async {
-                    // Never past the body: what follows stays on the socket
-                    // (and an idle connection with unasked bytes is dropped).
-                    (&mut *upstream)
-                        .take(want as u64)
-                        .read_buf(out)
-                        .await
-                        .map_err(|_| Failure::Truncated)
-                })
-                .await?;
-                if n == 0 {
-                    return Err(Failure::Truncated);
-                }
-                self.left -= n as u64;
-                Ok(self.left == 0)
+                within(
+                    deadline,
+                    idle,
+                    Failure::IdleTimeout,
+                    self.read_length(upstream, out),
+                )
+                .await
             }
             ResponseFraming::Chunked => {
                 let at = out.len();
@@ -1345,6 +1347,48 @@ impl UpBody {
                 Ok(n == 0)
             }
         }
+    }
+}
+
+impl UpBody {
+    /// One read of a Content-Length body into `out`; `true` once it ended.
+    ///
+    /// A read may take one byte past the body. It is never forwarded; it
+    /// means the upstream sent something unasked, and the connection is
+    /// not reused. What it buys: the last read of a body comes back short
+    /// of its buffer, so tokio knows the socket is drained, and the check
+    /// that the idle connection is still open before its next request
+    /// (`UpstreamConn::looks_alive`) costs no system call. A read that
+    /// filled its buffer exactly left a failing `recvfrom` for that check.
+    async fn read_length<R: AsyncRead + Unpin>(
+        &mut self,
+        upstream: &mut R,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, Failure> {
+        let want = usize::try_from(self.left).map_or(CHUNK, |l| l.min(CHUNK));
+        let limit = if (want as u64) < self.left {
+            want
+        } else {
+            want + 1
+        };
+        out.reserve(limit);
+        let at = out.len();
+        let n = (&mut *upstream)
+            .take(limit as u64)
+            .read_buf(out)
+            .await
+            .map_err(|_| Failure::Truncated)?;
+        if n == 0 {
+            return Err(Failure::Truncated);
+        }
+        if n as u64 > self.left {
+            out.truncate(at + usize::try_from(self.left).unwrap_or(n));
+            self.reusable = false;
+            self.left = 0;
+        } else {
+            self.left -= n as u64;
+        }
+        Ok(self.left == 0)
     }
 }
 

@@ -336,6 +336,12 @@ mod alert {
     pub const FATAL: u8 = 2;
 }
 
+/// Ciphertext rustls queues before its writer takes no more: its own
+/// default, restated because `write_all` raises it for one call.
+const SEND_BUFFER: usize = 64 * 1024;
+/// What one `write_all` call encrypts before sending, at most.
+const ONE_WRITE: usize = 2 * SEND_BUFFER;
+
 /// TLS 1.3 handshake message type of KeyUpdate.
 const KEY_UPDATE: u8 = 24;
 
@@ -640,6 +646,13 @@ impl TlsConnection {
 
     /// Encrypts all of `data` into records, sending as rustls' buffer fills.
     /// Call [`flush`](Self::flush) to send what is left.
+    ///
+    /// Up to `ONE_WRITE` bytes handed over at once are encrypted before
+    /// anything is sent: a proxied answer's head with 64 KiB of body then
+    /// leaves in one write, not 64 KiB and then its last few hundred
+    /// bytes in a write (and a segment) of their own. The caller holds
+    /// that much plaintext already; ciphertext beyond it still waits for
+    /// the socket (rustls' limit, `SEND_BUFFER`, between calls).
     pub async fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         match &mut self.layer {
             Layer::User(_) => {}
@@ -655,7 +668,10 @@ impl TlsConnection {
             let Layer::User(tls) = &mut self.layer else {
                 return Err(gone());
             };
-            let n = tls.writer().write(data)?;
+            tls.set_buffer_limit(Some(ONE_WRITE));
+            let n = tls.writer().write(data);
+            tls.set_buffer_limit(Some(SEND_BUFFER));
+            let n = n?;
             data = data.get(n..).unwrap_or_default();
             if n == 0 || !data.is_empty() {
                 self.flush().await?;

@@ -701,8 +701,58 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     let r = get(&mut s, "/id", "").unwrap();
     assert_eq!(body_text(&r), "a");
     assert_eq!(a.conns.load(Ordering::Relaxed), conns + 1);
+    // Past a body the proxy reads in more than one piece (the last read
+    // may take a byte more than the body, to learn the socket is drained).
+    let conns = a.conns.load(Ordering::Relaxed);
+    let r = get(&mut s, "/bad/extra-big", "").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(r.body == pattern(65_536), "{} body bytes", r.body.len());
+    let r = get(&mut s, "/id", "").unwrap();
+    assert_eq!(body_text(&r), "a");
+    assert_eq!(a.conns.load(Ordering::Relaxed), conns + 1);
     server.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 6",
+    );
+}
+
+#[test]
+fn a_large_answer_takes_one_write_to_the_client_and_no_failed_read() {
+    // A 64 KiB answer used to cost two writes to the client (64 KiB of
+    // records, then the last few hundred bytes on their own) and a failed
+    // `recvfrom` per request: its last read filled its buffer exactly, so
+    // the check that the idle upstream connection is still open had to
+    // ask the kernel. Now the body is read whole when it is there, sent in
+    // one write, and its last read comes back short.
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let want = pattern(65_536);
+    assert!(get(&mut s, "/len?n=65536", "").unwrap().body == want);
+    let requests = 40;
+    let calls = common::traced_calls(&fx, &["trace=writev,recvfrom"], server.pid(), || {
+        for _ in 0..requests {
+            let r = get(&mut s, "/len?n=65536", "").unwrap();
+            assert!(r.body == want, "{} body bytes", r.body.len());
+        }
+    });
+    let writes = calls.iter().filter(|c| c.contains("writev(")).count();
+    let failed = calls
+        .iter()
+        .filter(|c| c.contains("recvfrom(") && c.contains("EAGAIN"))
+        .count();
+    // Before: 80 writes and 40 failed reads. A few answers may still come
+    // in two pieces when the proxy reads while the upstream is writing.
+    assert!(
+        writes <= requests * 5 / 4 && failed <= requests / 8,
+        "{writes} writes to the client and {failed} failed reads for {requests} requests:\n{}",
+        calls.join("\n")
+    );
+    assert_eq!(
+        a.conns.load(Ordering::Relaxed),
+        1,
+        "the connection was reused"
     );
 }
 

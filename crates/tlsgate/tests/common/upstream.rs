@@ -304,6 +304,7 @@ fn serve_conn(
             }
             "/echo" => chunked(&body),
             "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
+            "/len" => ok(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
             "/slow" => {
                 std::thread::sleep(Duration::from_secs(3));
                 ok(b"late")
@@ -337,6 +338,12 @@ fn serve_conn(
                 }
             }
             "/bad/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
+            // The same past a body longer than the proxy's first read.
+            "/bad/extra-big" => {
+                let mut r = ok(&pattern(65_536));
+                r.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!");
+                r
+            }
             _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
         };
         if io.write_all(&answer).and_then(|()| io.flush()).is_err() {
