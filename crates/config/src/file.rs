@@ -373,6 +373,9 @@ pub struct FilesSection {
     /// file replaced or deleted is seen by then).
     #[serde(with = "humantime_serde")]
     pub open_file_cache_valid: Duration,
+    /// Files up to this many bytes are kept in memory with their entry
+    /// and answered without a read; 0 keeps no bytes.
+    pub open_file_cache_content_max: u64,
 }
 
 impl Default for FilesSection {
@@ -380,6 +383,7 @@ impl Default for FilesSection {
         Self {
             open_file_cache: 1024,
             open_file_cache_valid: Duration::from_secs(2),
+            open_file_cache_content_max: 4096,
         }
     }
 }

@@ -114,6 +114,8 @@ pub struct OpenFileCache {
     pub entries: std::num::NonZeroUsize,
     /// How long an entry is trusted after its file was opened.
     pub valid: Duration,
+    /// Files up to this size keep their bytes with the entry (0: none).
+    pub content_max: u64,
 }
 
 /// Whom the network-facing process runs as once its sockets are bound.

@@ -358,6 +358,8 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
 /// Most files one worker keeps open for one root: far below any
 /// descriptor limit tlsgate runs with.
 const MAX_OPEN_FILE_CACHE: usize = 100_000;
+/// Bodies up to 64 KiB go out in one write after their head.
+const MAX_CACHED_CONTENT: u64 = 64 * 1024;
 
 fn validate_files(
     c: &Checker<'_>,
@@ -379,7 +381,17 @@ fn validate_files(
             "expected a duration from 1ms to 1h, e.g. \"2s\" (turn the cache off with open_file_cache = 0)",
         ));
     }
-    Ok(Some(crate::OpenFileCache { entries, valid }))
+    let content_max = c.within(
+        "files.open_file_cache_content_max",
+        f.open_file_cache_content_max,
+        0,
+        MAX_CACHED_CONTENT,
+    )?;
+    Ok(Some(crate::OpenFileCache {
+        entries,
+        valid,
+        content_max,
+    }))
 }
 
 fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigError> {
@@ -941,6 +953,7 @@ names = ["example.com", "*.example.com"]
             ("[files]\nopen_file_cache_valid = \"0s\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
             ("[files]\nopen_file_cache_valid = \"2h\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
             ("[files]\nopen_file_cache = \"many\"\n", "files.open_file_cache", "expected usize"),
+            ("[files]\nopen_file_cache_content_max = 65537\n", "files.open_file_cache_content_max", "65536"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
         ];
         for (text, key, needle) in cases {

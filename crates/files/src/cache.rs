@@ -32,6 +32,10 @@ pub struct CacheOptions {
     pub entries: NonZeroUsize,
     /// How long after opening a file its entry is served without a lookup.
     pub valid: Duration,
+    /// Files up to this many bytes are read once, when their entry is made,
+    /// and answered from memory after that ([`StaticFile::contents`]);
+    /// 0 keeps no bytes.
+    pub content_max: u64,
 }
 
 /// One file as cached.
@@ -60,6 +64,11 @@ impl OpenFileCache {
             per_thread: ThreadLocal::new(),
             opts,
         }
+    }
+
+    /// Files up to this size are kept with their bytes (0: none).
+    pub(crate) fn content_max(&self) -> u64 {
+        self.opts.content_max
     }
 
     /// The file for `raw_path` from this thread's cache while its entry is
@@ -142,13 +151,14 @@ mod tests {
         let cache = OpenFileCache::new(CacheOptions {
             entries: NonZeroUsize::new(entries).unwrap(),
             valid: VALID,
+            content_max: 0,
         });
         (tmp, root, cache)
     }
 
     fn get(root: &DocumentRoot, cache: &OpenFileCache, path: &[u8], at: Instant) -> Found {
         cache
-            .get_or_lookup(path, at, || root.lookup_uncached(path))
+            .get_or_lookup(path, at, || root.lookup_uncached(path, 0))
             .unwrap()
     }
 
@@ -200,7 +210,8 @@ mod tests {
         let t0 = Instant::now();
         get(&root, &cache, b"/a.txt", t0);
         std::fs::remove_file(tmp.path().join("a.txt")).unwrap();
-        let later = cache.get_or_lookup(b"/a.txt", t0 + VALID, || root.lookup_uncached(b"/a.txt"));
+        let later =
+            cache.get_or_lookup(b"/a.txt", t0 + VALID, || root.lookup_uncached(b"/a.txt", 0));
         assert!(matches!(later, Err(LookupError::NotFound)), "{later:?}");
         assert_eq!(cache.len(), 0);
     }
@@ -212,7 +223,7 @@ mod tests {
         let t0 = Instant::now();
         for _ in 0..3 {
             assert!(cache
-                .get_or_lookup(b"/nope", t0, || root.lookup_uncached(b"/nope"))
+                .get_or_lookup(b"/nope", t0, || root.lookup_uncached(b"/nope", 0))
                 .is_err());
         }
         assert!(matches!(
@@ -265,6 +276,7 @@ mod tests {
             open_file_cache: Some(CacheOptions {
                 entries: NonZeroUsize::new(4).unwrap(),
                 valid: Duration::from_secs(60),
+                content_max: 0,
             }),
             ..RootOptions::default()
         };
@@ -277,5 +289,39 @@ mod tests {
         };
         assert!(twice(&cached));
         assert!(!twice(&plain));
+    }
+
+    #[test]
+    fn small_files_keep_their_bytes_consistent_with_their_entry() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("small.txt"), "hello").unwrap();
+        std::fs::write(tmp.path().join("big.txt"), "x".repeat(11)).unwrap();
+        std::fs::write(tmp.path().join("empty.txt"), "").unwrap();
+        let with = |content_max| RootOptions {
+            open_file_cache: Some(CacheOptions {
+                entries: NonZeroUsize::new(4).unwrap(),
+                valid: Duration::from_secs(60),
+                content_max,
+            }),
+            ..RootOptions::default()
+        };
+        let root = DocumentRoot::open(tmp.path(), with(10)).unwrap();
+        let small = file(root.lookup(b"/small.txt").unwrap());
+        assert_eq!(small.contents.as_deref(), Some(&b"hello"[..]));
+        // Over the size, empty, or kept without bytes: read per response.
+        assert!(file(root.lookup(b"/big.txt").unwrap()).contents.is_none());
+        assert!(file(root.lookup(b"/empty.txt").unwrap()).contents.is_none());
+        let none = DocumentRoot::open(tmp.path(), with(0)).unwrap();
+        assert!(file(none.lookup(b"/small.txt").unwrap()).contents.is_none());
+        let plain = DocumentRoot::open(tmp.path(), RootOptions::default()).unwrap();
+        assert!(file(plain.lookup(b"/small.txt").unwrap())
+            .contents
+            .is_none());
+        // Modified in place: the entry keeps the bytes its validators
+        // describe until it expires.
+        std::fs::write(tmp.path().join("small.txt"), "HELLO").unwrap();
+        let again = file(root.lookup(b"/small.txt").unwrap());
+        assert!(Arc::ptr_eq(&small, &again));
+        assert_eq!(again.contents.as_deref(), Some(&b"hello"[..]));
     }
 }

@@ -112,6 +112,10 @@ pub struct StaticFile {
     pub file: File,
     /// Length, validators and content type.
     pub meta: FileMeta,
+    /// The whole body, read once when the open-file cache took the file
+    /// in (files up to its `content_max`): answered without a read, and
+    /// consistent with `meta` for as long as the entry is served.
+    pub contents: Option<Box<[u8]>>,
 }
 
 /// A decoded and normalised request path.
@@ -270,9 +274,12 @@ impl DocumentRoot {
     pub fn lookup(&self, raw_path: &[u8]) -> Result<Found, LookupError> {
         match &self.cache {
             Some(cache) => {
-                cache.get_or_lookup(raw_path, Instant::now(), || self.lookup_uncached(raw_path))
+                let keep = cache.content_max();
+                cache.get_or_lookup(raw_path, Instant::now(), || {
+                    self.lookup_uncached(raw_path, keep)
+                })
             }
-            None => self.lookup_uncached(raw_path),
+            None => self.lookup_uncached(raw_path, 0),
         }
     }
 
@@ -289,7 +296,13 @@ impl DocumentRoot {
         self.opts.open_file_cache.map(|c| c.valid)
     }
 
-    pub(crate) fn lookup_uncached(&self, raw_path: &[u8]) -> Result<Found, LookupError> {
+    /// The lookup itself; files of at most `keep_contents` bytes (if not
+    /// 0) are read whole into [`StaticFile::contents`].
+    pub(crate) fn lookup_uncached(
+        &self,
+        raw_path: &[u8],
+        keep_contents: u64,
+    ) -> Result<Found, LookupError> {
         let req = RequestPath::parse(raw_path)?;
         let rel = req.relative();
         let file = self.open_beneath(&rel)?;
@@ -300,7 +313,7 @@ impl DocumentRoot {
                 return Err(LookupError::NotFound);
             }
             let name = req.segments.last().map(|s| s.as_slice()).unwrap_or(b"");
-            return finish_file(file, &md, OsStr::from_bytes(name));
+            return finish_file(file, &md, OsStr::from_bytes(name), keep_contents);
         }
         if !ft.is_dir() {
             return Err(LookupError::Forbidden);
@@ -320,7 +333,7 @@ impl DocumentRoot {
             };
             let md = file.metadata().map_err(LookupError::Io)?;
             if md.file_type().is_file() {
-                return finish_file(file, &md, OsStr::new(index));
+                return finish_file(file, &md, OsStr::new(index), keep_contents);
             }
         }
         Err(LookupError::Forbidden)
@@ -374,12 +387,37 @@ impl DocumentRoot {
     }
 }
 
-/// Clears `O_NONBLOCK` and builds the [`Found::File`].
-fn finish_file(file: File, md: &std::fs::Metadata, name: &OsStr) -> Result<Found, LookupError> {
+/// Clears `O_NONBLOCK` and builds the [`Found::File`], with its bytes
+/// when it is not empty and at most `keep_contents` long.
+fn finish_file(
+    file: File,
+    md: &std::fs::Metadata,
+    name: &OsStr,
+    keep_contents: u64,
+) -> Result<Found, LookupError> {
     let fl = rustix::fs::fcntl_getfl(&file).map_err(|e| LookupError::Io(e.into()))?;
     rustix::fs::fcntl_setfl(&file, fl - OFlags::NONBLOCK).map_err(|e| LookupError::Io(e.into()))?;
     let meta = FileMeta::from_metadata(md, content_type_for(Path::new(name)));
-    Ok(Found::File(Arc::new(StaticFile { file, meta })))
+    let contents = if meta.len > 0 && meta.len <= keep_contents {
+        read_whole(&file, meta.len)
+    } else {
+        None
+    };
+    Ok(Found::File(Arc::new(StaticFile {
+        file,
+        meta,
+        contents,
+    })))
+}
+
+/// `len` bytes from the start of `file`; `None` if it is shorter now (it
+/// changed since its metadata was read: it is then read per response, as
+/// without contents kept) or the read fails.
+fn read_whole(file: &File, len: u64) -> Option<Box<[u8]>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; usize::try_from(len).ok()?];
+    file.read_exact_at(&mut buf, 0).ok()?;
+    Some(buf.into_boxed_slice())
 }
 
 #[cfg(test)]

@@ -88,6 +88,7 @@ pub fn build(
                     open_file_cache: config.open_file_cache.map(|c| CacheOptions {
                         entries: c.entries,
                         valid: c.valid,
+                        content_max: c.content_max,
                     }),
                 },
             )

@@ -19,9 +19,9 @@
 mod guard;
 mod proxy;
 
-use std::fs::File;
 use std::future::poll_fn;
 use std::time::{Duration, Instant, SystemTime};
+use tlsgate_files::StaticFile;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -390,7 +390,7 @@ async fn serve_stream(
         Ok(mut send) if body_len > 0 => match &reply {
             Reply::File {
                 file, start, len, ..
-            } => send_file(&mut send, &file.file, *start, *len, cx).await,
+            } => send_file(&mut send, file, *start, *len, cx).await,
             _ => {
                 let mut text = Vec::with_capacity(32);
                 reply.write_text_body(&mut text);
@@ -507,12 +507,27 @@ async fn drain(mut body: RecvStream, cx: &HttpCtx<'_>) -> Result<(), u16> {
         .unwrap_or(Err(408))
 }
 
+/// `n` bytes of `file` from `at` appended to `pool`: from the bytes the
+/// open-file cache keeps, or read. The count appended, 0 past the end.
+fn body_piece(file: &StaticFile, pool: &mut BytesMut, n: usize, at: u64) -> std::io::Result<usize> {
+    let Some(contents) = &file.contents else {
+        return tlsgate_sys::fileread::pread_append(&file.file, pool, n, at);
+    };
+    let from = usize::try_from(at)
+        .unwrap_or(usize::MAX)
+        .min(contents.len());
+    let piece = contents.get(from..).unwrap_or_default();
+    let piece = piece.get(..n.min(piece.len())).unwrap_or_default();
+    pool.extend_from_slice(piece);
+    Ok(piece.len())
+}
+
 /// Sends `len` bytes of `file` from `start` in DATA frames, each chunk
 /// read once the client's windows have room for it (reserved capacity),
 /// each wait bounded by the send timeout. Returns the bytes sent.
 async fn send_file(
     send: &mut SendStream<Bytes>,
-    file: &File,
+    file: &StaticFile,
     start: u64,
     len: u64,
     cx: &HttpCtx<'_>,
@@ -546,7 +561,7 @@ async fn send_file(
         // h2 has written (and dropped) the frames cut from it, instead of
         // a fresh allocation (fresh pages, page faults) per chunk; and
         // into its spare capacity, not zero-filled first.
-        let got = match tlsgate_sys::fileread::pread_append(file, &mut pool, n, start + done) {
+        let got = match body_piece(file, &mut pool, n, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
                 tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");

@@ -492,10 +492,20 @@ async fn respond<T: Transport + Send>(
         let at = out.len();
         // len <= 64 KiB, so the cast is exact.
         out.resize(at + len as usize, 0);
-        if let Err(e) = file
-            .file
-            .read_exact_at(out.get_mut(at..).unwrap_or_default(), start)
-        {
+        let body = out.get_mut(at..).unwrap_or_default();
+        let copied = file.contents.as_deref().and_then(|c| {
+            let from = usize::try_from(start).ok()?;
+            c.get(from..from.checked_add(body.len())?)
+        });
+        let filled = match copied {
+            // Kept by the open-file cache: no read.
+            Some(bytes) => {
+                body.copy_from_slice(bytes);
+                Ok(())
+            }
+            None => file.file.read_exact_at(body, start),
+        };
+        if let Err(e) = filled {
             // The head promised a length we cannot deliver: drop the connection.
             tracing::warn!(peer = %cx.peer, "read failed mid-response: {e}");
             return Err(End::Abort);

@@ -753,6 +753,41 @@ fn open_file_cache_keeps_files_open_and_sees_replacements_once_expired() {
 }
 
 #[test]
+fn small_files_are_answered_from_memory_without_a_read() {
+    // Files up to `open_file_cache_content_max` (4 KiB by default) keep
+    // their bytes with their cache entry: requests for them, whole or
+    // ranges, over HTTP/1.1 and HTTP/2, cost no `pread` once cached.
+    // Larger files are still read per response.
+    let fx = Fixture::new();
+    let site = fx.root.canonicalize().unwrap();
+    let small: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let large: Vec<u8> = (0..5000u32).map(|i| (i * 11 % 251) as u8).collect();
+    std::fs::write(site.join("small.bin"), &small).unwrap();
+    std::fs::write(site.join("large.bin"), &large).unwrap();
+    // One worker: every connection meets the same cache.
+    let s = Server::start(&fx, &fx.config("[server]\nworkers = 1\n", ""));
+    assert_eq!(body(&s.curl(&[&s.url("/small.bin")])), small);
+    let large_gets = 3;
+    let reads = traced_calls(&fx, &["trace=pread64"], s.pid(), || {
+        for proto in ["--http1.1", "--http2"] {
+            for _ in 0..4 {
+                assert!(
+                    body(&s.curl(&[proto, &s.url("/small.bin")])) == small,
+                    "{proto}"
+                );
+            }
+            let part = body(&s.curl(&[proto, "-r", "100-1099", &s.url("/small.bin")]));
+            assert!(part == small[100..1100], "{proto}: range");
+        }
+        for _ in 0..large_gets {
+            assert!(body(&s.curl(&[&s.url("/large.bin")])) == large);
+        }
+    });
+    // The large file's reads show that reads are counted at all.
+    assert_eq!(reads.len(), large_gets, "{}", reads.join("\n"));
+}
+
+#[test]
 fn open_file_cache_off_holds_no_file() {
     let fx = Fixture::new();
     let site = fx.root.canonicalize().unwrap();
