@@ -308,6 +308,8 @@ mod tests {
         let root = DocumentRoot::open(tmp.path(), with(10)).unwrap();
         let small = file(root.lookup(b"/small.txt").unwrap());
         assert_eq!(small.contents.as_deref(), Some(&b"hello"[..]));
+        assert_eq!(small.cached(1, 3), Some(&b"ell"[..]));
+        assert_eq!(small.cached(3, 5), None, "past the end: read instead");
         // Over the size, empty, or kept without bytes: read per response.
         assert!(file(root.lookup(b"/big.txt").unwrap()).contents.is_none());
         assert!(file(root.lookup(b"/empty.txt").unwrap()).contents.is_none());

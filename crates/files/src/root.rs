@@ -118,6 +118,15 @@ pub struct StaticFile {
     pub contents: Option<Box<[u8]>>,
 }
 
+impl StaticFile {
+    /// `len` bytes from `start` out of [`contents`](Self::contents), when
+    /// they are kept and the range lies within them; `None`: read them.
+    pub fn cached(&self, start: u64, len: usize) -> Option<&[u8]> {
+        let from = usize::try_from(start).ok()?;
+        self.contents.as_deref()?.get(from..from.checked_add(len)?)
+    }
+}
+
 /// A decoded and normalised request path.
 #[derive(Debug, PartialEq, Eq)]
 struct RequestPath {

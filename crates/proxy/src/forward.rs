@@ -1348,9 +1348,7 @@ impl UpBody {
             }
         }
     }
-}
 
-impl UpBody {
     /// One read of a Content-Length body into `out`; `true` once it ended.
     ///
     /// A read may take one byte past the body. It is never forwarded; it

@@ -21,7 +21,6 @@ mod proxy;
 
 use std::future::poll_fn;
 use std::time::{Duration, Instant, SystemTime};
-use tlsgate_files::StaticFile;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -29,7 +28,7 @@ use futures_util::FutureExt;
 use h2::server::{Builder, SendResponse};
 use h2::{Reason, RecvStream, SendStream};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
-use tlsgate_files::Preconditions;
+use tlsgate_files::{Preconditions, StaticFile};
 use tlsgate_http1::Method;
 use tlsgate_metrics::ReasonLabel;
 use tlsgate_tls::TlsConnection;
@@ -510,16 +509,13 @@ async fn drain(mut body: RecvStream, cx: &HttpCtx<'_>) -> Result<(), u16> {
 /// `n` bytes of `file` from `at` appended to `pool`: from the bytes the
 /// open-file cache keeps, or read. The count appended, 0 past the end.
 fn body_piece(file: &StaticFile, pool: &mut BytesMut, n: usize, at: u64) -> std::io::Result<usize> {
-    let Some(contents) = &file.contents else {
-        return tlsgate_sys::fileread::pread_append(&file.file, pool, n, at);
-    };
-    let from = usize::try_from(at)
-        .unwrap_or(usize::MAX)
-        .min(contents.len());
-    let piece = contents.get(from..).unwrap_or_default();
-    let piece = piece.get(..n.min(piece.len())).unwrap_or_default();
-    pool.extend_from_slice(piece);
-    Ok(piece.len())
+    match file.cached(at, n) {
+        Some(piece) => {
+            pool.extend_from_slice(piece);
+            Ok(piece.len())
+        }
+        None => tlsgate_sys::fileread::pread_append(&file.file, pool, n, at),
+    }
 }
 
 /// Sends `len` bytes of `file` from `start` in DATA frames, each chunk

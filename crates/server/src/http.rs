@@ -493,11 +493,7 @@ async fn respond<T: Transport + Send>(
         // len <= 64 KiB, so the cast is exact.
         out.resize(at + len as usize, 0);
         let body = out.get_mut(at..).unwrap_or_default();
-        let copied = file.contents.as_deref().and_then(|c| {
-            let from = usize::try_from(start).ok()?;
-            c.get(from..from.checked_add(body.len())?)
-        });
-        let filled = match copied {
+        let filled = match file.cached(start, body.len()) {
             // Kept by the open-file cache: no read.
             Some(bytes) => {
                 body.copy_from_slice(bytes);
