@@ -72,14 +72,7 @@ pub(crate) fn validate(c: &Checker<'_>, s: &Http2Section) -> Result<Http2, Confi
             burst: c.within(&format!("http2.{burst_key}"), burst, 1, 10_000_000)?,
         })
     };
-    let idle_timeout = if s.idle_timeout.is_zero() {
-        return Err(c.err(
-            "http2.idle_timeout",
-            "expected a duration greater than zero, e.g. \"60s\"",
-        ));
-    } else {
-        s.idle_timeout
-    };
+    let idle_timeout = c.positive("http2.idle_timeout", s.idle_timeout)?;
     let h = Http2 {
         max_concurrent_streams: c.within(
             "http2.max_concurrent_streams",

@@ -335,15 +335,7 @@ fn validate_upstream(
     };
     let tls = validate_tls(c, &k, u)?;
     let positive = |name: &str, d: Option<Duration>, default: u64| {
-        let d = d.unwrap_or(Duration::from_millis(default));
-        if d.is_zero() {
-            Err(c.err(
-                key(name),
-                "expected a duration greater than zero, e.g. \"5s\"",
-            ))
-        } else {
-            Ok(d)
-        }
+        c.positive(&key(name), d.unwrap_or(Duration::from_millis(default)))
     };
     let total_timeout = match u.total_timeout {
         Some(d) => Some(positive("total_timeout", Some(d), 0)?),
@@ -368,7 +360,10 @@ fn validate_upstream(
         max_fails: c.within(&key("max_fails"), u.max_fails.unwrap_or(3), 0, 1000)?,
         fail_timeout: positive("fail_timeout", u.fail_timeout, 10_000)?,
         health_check,
-        resolve_interval: u.resolve_interval.unwrap_or(Duration::from_secs(30)),
+        resolve_interval: c.not_too_long(
+            &key("resolve_interval"),
+            u.resolve_interval.unwrap_or(Duration::from_secs(30)),
+        )?,
     })
 }
 
@@ -500,7 +495,7 @@ fn validate_health(
         if d < Duration::from_millis(10) {
             Err(c.err(key(name), "expected a duration of at least \"10ms\""))
         } else {
-            Ok(d)
+            c.not_too_long(&key(name), d)
         }
     };
     let expect_status = h.expect_status.clone().unwrap_or_default();
@@ -714,6 +709,8 @@ mod tests {
             (with(&pool("ca = \"ca.pem\"\n"), ""), "upstream[0].ca", "tls = true"),
             (with(&pool("tls = true\nca = \"ca.pem\"\nclient_cert = \"ca.pem\"\n"), ""), "upstream[0].client_key", "needs client_key"),
             (with(&pool("connect_timeout = \"0s\"\n"), ""), "upstream[0].connect_timeout", "greater than zero"),
+            (with(&pool("total_timeout = \"9999999years\"\n"), ""), "upstream[0].total_timeout", "at most 365 days"),
+            (with(&pool("[upstream.health_check]\ninterval = \"400days\"\n"), ""), "upstream[0].health_check.interval", "at most 365 days"),
             (with(&format!("{POOL}[upstream.health_check]\npath = \"health\"\n"), ""), "upstream[0].health_check.path", "starting with '/'"),
             (with(&format!("{POOL}[upstream.health_check]\nexpect_status = [700]\n"), ""), "upstream[0].health_check.expect_status", "100 to 599"),
             (with(POOL, "[[listener.route]]\nupstream = \"nope\"\n"), "listener[0].route[0].upstream", "expected one of: app"),

@@ -181,9 +181,22 @@ impl Checker<'_> {
         ConfigError::new(self.origin, key, problem)
     }
 
-    fn positive(&self, key: &str, d: Duration) -> Result<Duration, ConfigError> {
+    /// A timeout or interval: more than zero, at most [`LONGEST_WAIT`].
+    pub(crate) fn positive(&self, key: &str, d: Duration) -> Result<Duration, ConfigError> {
         if d.is_zero() {
             Err(self.err(key, "expected a duration greater than zero, e.g. \"10s\""))
+        } else {
+            self.not_too_long(key, d)
+        }
+    }
+
+    /// A wait of at most [`LONGEST_WAIT`].
+    pub(crate) fn not_too_long(&self, key: &str, d: Duration) -> Result<Duration, ConfigError> {
+        if d > LONGEST_WAIT {
+            Err(self.err(
+                key,
+                format!("expected at most 365 days, found {}s", d.as_secs()),
+            ))
         } else {
             Ok(d)
         }
@@ -472,6 +485,10 @@ fn validate_tls(c: &Checker<'_>, f: &ConfigFile) -> Result<TlsPolicy, ConfigErro
 /// Longer would keep a silent client's connection half-open in the kernel
 /// for minutes before tlsgate sees it.
 const MAX_DEFER_ACCEPT: Duration = Duration::from_secs(60);
+/// The longest timeout or interval: more than any use needs, and short
+/// enough that a deadline computed from it (`now + timeout`) never
+/// overflows the clock.
+pub(crate) const LONGEST_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// RFC 8446 §4.6.1: a ticket lifetime is at most 7 days.
 const MAX_TICKET_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -917,6 +934,8 @@ names = ["example.com", "*.example.com"]
             ("[server]\nkey_timeout = \"0s\"\n", "server.key_timeout", "greater than zero"),
             ("[server]\ndefer_accept = \"1500ms\"\n", "server.defer_accept", "whole seconds"),
             ("[server]\ndefer_accept = \"2m\"\n", "server.defer_accept", "\"60s\""),
+            ("[limits]\nkeepalive_timeout = \"1000years\"\n", "limits.keepalive_timeout", "at most 365 days"),
+            ("[limits]\nbody_timeout = \"366days\"\n", "limits.body_timeout", "at most 365 days"),
             ("[access_log]\nformat = \"xml\"\n", "access_log.format", "json"),
             ("[tls]\nticket_lifetime = \"8days\"\n", "tls.ticket_lifetime", "7days"),
             ("[tls]\nticket_rotation = \"1500ms\"\n", "tls.ticket_rotation", "whole seconds"),

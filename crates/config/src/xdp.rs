@@ -102,13 +102,7 @@ pub(crate) fn validate(
             ),
         ));
     }
-    let positive = |key: &str, d: Duration| {
-        if d.is_zero() {
-            Err(c.err(key, "expected a duration greater than zero, e.g. \"1s\""))
-        } else {
-            Ok(d)
-        }
-    };
+    let positive = |key: &str, d: Duration| c.positive(key, d);
     if !x.top_sample.is_power_of_two() {
         return Err(c.err(
             "xdp.top_sample",

@@ -144,6 +144,22 @@ pub(crate) fn is_valid_host(value: &[u8], port_required: bool) -> bool {
     }
 }
 
+/// The host of a Host value or authority (`host[:port]`), port dropped;
+/// an IPv6 literal keeps its brackets.
+pub fn host_without_port(host: &[u8]) -> &[u8] {
+    if host.first() == Some(&b'[') {
+        let end = host
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(host.len(), |i| i + 1);
+        return host.get(..end).unwrap_or(host);
+    }
+    match host.iter().rposition(|&b| b == b':') {
+        Some(i) => host.get(..i).unwrap_or(host),
+        None => host,
+    }
+}
+
 fn is_port(p: &[u8]) -> bool {
     if p.is_empty() || p.len() > 5 || !p.iter().all(u8::is_ascii_digit) {
         return false;
@@ -182,6 +198,14 @@ mod tests {
 
     fn parts(method: Method, target: &[u8]) -> Result<TargetParts, ParseError> {
         parse_target(&method, target)
+    }
+
+    #[test]
+    fn ports_go_and_ipv6_literals_keep_their_brackets() {
+        assert_eq!(host_without_port(b"a.test:8443"), b"a.test");
+        assert_eq!(host_without_port(b"[::1]:8443"), b"[::1]");
+        assert_eq!(host_without_port(b"[::1]"), b"[::1]");
+        assert_eq!(host_without_port(b"a.test"), b"a.test");
     }
 
     #[test]

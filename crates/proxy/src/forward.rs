@@ -28,6 +28,7 @@ use tokio::time::timeout_at;
 
 use crate::conn::UpstreamConn;
 use crate::error::Failure;
+use crate::path::{normalize as normalize_path, AboveRoot};
 use crate::pool::{Lease, Pool};
 
 /// Bytes moved per read, each way.
@@ -246,10 +247,25 @@ fn dropped(name: &str, fixed: &[&str], named: &[Vec<u8>]) -> bool {
     HOP_BY_HOP
         .iter()
         .chain(fixed)
-        .any(|f| name.eq_ignore_ascii_case(f))
+        .any(|f| same_name_to_a_gateway(name, f))
         || named
             .iter()
             .any(|n| name.as_bytes().eq_ignore_ascii_case(n))
+}
+
+/// `name` is `fixed` (lower case) in any case, and with `_` for `-`: CGI,
+/// WSGI, Rack and PHP gateways turn both into the same variable
+/// (`HTTP_X_FORWARDED_FOR`), so a client's `X_Forwarded_For` would pass
+/// for the proxy's own field.
+fn same_name_to_a_gateway(name: &str, fixed: &str) -> bool {
+    name.len() == fixed.len()
+        && name.bytes().zip(fixed.bytes()).all(|(n, f)| {
+            let n = match n {
+                b'_' => b'-',
+                n => n.to_ascii_lowercase(),
+            };
+            n == f
+        })
 }
 
 /// The upstream's response fields a client may see.
@@ -375,8 +391,9 @@ where
     out
 }
 
-/// The upstream head of an HTTP/1.x request.
-fn http1_head(r: &Request<'_>) -> Vec<u8> {
+/// The upstream head of an HTTP/1.x request; `AboveRoot` for a path whose
+/// `..` climbs above `/`.
+fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, AboveRoot> {
     let head = r.head;
     let target = head.target();
     // absolute-form: the upstream gets origin-form and the authority as Host.
@@ -392,9 +409,11 @@ fn http1_head(r: &Request<'_>) -> Vec<u8> {
         origin_form = t;
         &origin_form
     };
-    upstream_head(&Outgoing {
+    // The path the route was chosen by.
+    let target = normalize_path(target)?;
+    Ok(upstream_head(&Outgoing {
         method: head.method(),
-        target,
+        target: &target,
         host: head.host().unwrap_or_default(),
         fields: || head.headers(),
         via: match head.version() {
@@ -405,7 +424,7 @@ fn http1_head(r: &Request<'_>) -> Vec<u8> {
         websocket: websocket_upgrade(head),
         peer: r.peer,
         client_cert: r.client_cert.as_deref(),
-    })
+    }))
 }
 
 /// The request as the exchange sends it, whatever protocol carried it.
@@ -661,8 +680,11 @@ pub async fn forward<D: Downstream + Send>(
         .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
         && head.version() == Version::Http11
         && replay.is_none();
+    let Ok(upstream_head) = http1_head(r) else {
+        return refused(400, "bad_path", None, false);
+    };
     let prepared = Prepared {
-        head: http1_head(r),
+        head: upstream_head,
         method: head.method(),
         framing: head.body(),
         replay: replay.as_deref(),
@@ -717,6 +739,10 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
     if r.content_length.is_some_and(|n| n > r.max_body) {
         return refused(413, "body_too_large", None, false);
     }
+    // The path the route was chosen by.
+    let Ok(target) = normalize_path(r.target) else {
+        return refused(400, "bad_path", None, false);
+    };
     let framing = match (r.content_length, r.end_stream) {
         (Some(n), _) => BodyFraming::ContentLength(n),
         (None, true) => BodyFraming::None,
@@ -726,7 +752,7 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
     let prepared = Prepared {
         head: upstream_head(&Outgoing {
             method: r.method,
-            target: r.target,
+            target: &target,
             host: r.host,
             fields: || r.fields.iter().copied(),
             via: b"2 tlsgate",
@@ -1801,7 +1827,7 @@ mod tests {
             send_timeout: Duration::from_secs(1),
             keep_alive: true,
         };
-        String::from_utf8(http1_head(&r)).unwrap()
+        String::from_utf8(http1_head(&r).unwrap()).unwrap()
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!   (in service, in flight, passive failure marks, active health checks),
 //!   keep-alive connections kept per worker thread, plain or TLS (CA
 //!   bundle, SNI, client certificate, session resumption).
-//! - [`Router`]: a listener's routes by Host, SNI and longest path prefix.
+//! - [`Router`]: a listener's routes by Host, SNI and longest prefix of
+//!   the normalised path ([`normalize_path`]).
 //! - [`forward`]: one exchange, streamed both ways over HTTP/1.1 with the
 //!   project's strict parser on both sides (tlsgate-http1), bounded
 //!   retries and 502/503/504 with a reason.
@@ -20,6 +21,7 @@ mod conn;
 mod error;
 mod forward;
 mod health;
+mod path;
 mod pool;
 mod resolve;
 mod route;
@@ -30,5 +32,6 @@ pub use forward::{
     forward, forward_stream, BodyRefused, Downstream, Outcome, Request, RequestBody, Responder,
     SendError, StreamRequest, CLIENT_CLOSED,
 };
+pub use path::{normalize as normalize_path, AboveRoot};
 pub use pool::{Pool, Pools};
 pub use route::{Entry, Router, Target};

@@ -2,11 +2,13 @@
 //! server name and its path choose a target; the longest matching path
 //! prefix wins, then a route naming a host or SNI over one that does not,
 //! then the first in the file. Prefixes match at segment boundaries:
-//! `/api` takes `/api` and `/api/x`, not `/apix`.
+//! `/api` takes `/api` and `/api/x`, not `/apix`; and they match the
+//! normalised path (`/api/../admin` is `/admin`, see [`crate::path`]).
 
 use std::sync::Arc;
 
 use tlsgate_config::{Route, RouteTarget};
+use tlsgate_http1::host_without_port;
 
 use crate::pool::{Pool, Pools};
 
@@ -85,7 +87,14 @@ impl<R> Router<R> {
 
     /// The route for a request, or `None` for the listener's own root.
     pub fn find(&self, host: Option<&[u8]>, sni: Option<&str>, path: &[u8]) -> Option<&Entry<R>> {
-        let host = host.map(strip_port);
+        if self.entries.is_empty() {
+            return None;
+        }
+        // A path climbing above `/` is refused wherever it goes (400 from
+        // the file lookup or the forwarder): its raw form is matched.
+        let normal = crate::path::normalize(path);
+        let path: &[u8] = normal.as_deref().unwrap_or(path);
+        let host = host.map(host_without_port);
         let mut best: Option<(&Entry<R>, usize, bool)> = None;
         for e in &self.entries {
             let r = &e.route;
@@ -113,21 +122,6 @@ impl<R> Router<R> {
             }
         }
         best.map(|(e, _, _)| e)
-    }
-}
-
-/// `host[:port]` → host (IPv6 literals keep their brackets).
-fn strip_port(host: &[u8]) -> &[u8] {
-    if host.first() == Some(&b'[') {
-        let end = host
-            .iter()
-            .position(|&b| b == b']')
-            .map_or(host.len(), |i| i + 1);
-        return host.get(..end).unwrap_or(host);
-    }
-    match host.iter().rposition(|&b| b == b':') {
-        Some(i) => host.get(..i).unwrap_or(host),
-        None => host,
     }
 }
 
@@ -223,14 +217,25 @@ mod tests {
             find(&r, "x.test", Some("c.example.com"), "/b/1").as_deref(),
             Some("any")
         );
+        // Dot-segments and repeated slashes cannot lead around a route.
+        assert_eq!(
+            find(&r, "x.test", None, "/x/../api/1").as_deref(),
+            Some("api")
+        );
+        assert_eq!(
+            find(&r, "x.test", None, "/api/%2e%2e/b/1").as_deref(),
+            Some("any")
+        );
+        assert_eq!(
+            find(&r, "x.test", Some("b.example.com"), "/api/%2E./b/1").as_deref(),
+            Some("sni-b")
+        );
+        assert_eq!(find(&r, "x.test", None, "//api").as_deref(), Some("api"));
+        assert_eq!(
+            find(&r, "x.test", None, "/api/v2/../x").as_deref(),
+            Some("api")
+        );
         let none = router(&[route(None, None, "/only", "o")]);
         assert_eq!(find(&none, "x", None, "/"), None);
-    }
-
-    #[test]
-    fn ports_and_ipv6_literals() {
-        assert_eq!(strip_port(b"a.test:8443"), b"a.test");
-        assert_eq!(strip_port(b"[::1]:8443"), b"[::1]");
-        assert_eq!(strip_port(b"a.test"), b"a.test");
     }
 }

@@ -347,8 +347,9 @@ async fn serve_stream(
         .authority()
         .map(|a| a.as_str().as_bytes())
         .or_else(|| h.get(http::header::HOST).map(HeaderValue::as_bytes));
-    let root = match crate::proxy::route_to(cx, authority, path) {
-        crate::proxy::Routed::Root(root) => root,
+    let (root, misdirected) = match crate::proxy::route_to(cx, authority, path) {
+        crate::proxy::Routed::Root(root) => (root, false),
+        crate::proxy::Routed::Misdirected => (&cx.site.root, true),
         crate::proxy::Routed::Pool(pool, max_body) => {
             // The proxy reads the body itself, as it goes upstream.
             let answered = proxy::serve(cx, &parts, &method, body, respond, (pool, max_body)).await;
@@ -381,8 +382,11 @@ async fn serve_stream(
     };
     // `OPTIONS *` gets 405 like any other method; a GET whose `:path`
     // does not start with `/` gets 400 from the core.
-    let reply = refused
-        .unwrap_or_else(|| decide(cx, root, &request(&method, &parts.uri, path, &conditionals)));
+    let reply = match refused {
+        Some(r) => r,
+        None if misdirected => Reply::text(421),
+        None => decide(cx, root, &request(&method, &parts.uri, path, &conditionals)),
+    };
     let status = reply.status();
     let body_len = if is_head { 0 } else { reply.body_len() };
     let sent = match respond.send_response(reply_head(&reply, cx), body_len == 0) {

@@ -219,8 +219,13 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
 
         // A route may send the request to an upstream pool (which reads
         // the body itself) or to another document root.
+        let mut early: Option<u16> = None;
         let (root, proxied) = match crate::proxy::route(cx, &head) {
             crate::proxy::Routed::Root(root) => (root, None),
+            crate::proxy::Routed::Misdirected => {
+                early = Some(421);
+                (&cx.site.root, None)
+            }
             crate::proxy::Routed::Pool(pool, max_body) => {
                 let args = (pool, max_body, keep_alive);
                 // Boxed: an upstream exchange's state is ~3 KiB, which
@@ -239,7 +244,6 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         // The body: drained for GET/HEAD (we have no use for it), never read
         // for other methods, which are refused and closed.
         let serves_method = matches!(head.method(), Method::Get | Method::Head);
-        let mut early: Option<u16> = None;
         let framing = match proxied {
             Some(_) => BodyFraming::None,
             None => head.body(),

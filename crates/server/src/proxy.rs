@@ -26,6 +26,9 @@ pub(crate) enum Routed<'g> {
     Root(&'g DocumentRoot),
     /// This pool, with the route's request body limit.
     Pool(&'g Arc<Pool>, u64),
+    /// Nowhere: the host falls under another client certificate policy
+    /// than the connection's handshake (421).
+    Misdirected,
 }
 
 /// The route of `head` on the connection's listener (its root without one).
@@ -37,6 +40,15 @@ pub(crate) fn route<'g>(cx: &HttpCtx<'g>, head: &RequestHead) -> Routed<'g> {
 /// `path`, whatever its protocol.
 pub(crate) fn route_to<'g>(cx: &HttpCtx<'g>, host: Option<&[u8]>, path: &[u8]) -> Routed<'g> {
     let site = cx.site;
+    if let Some(h) = host {
+        if !site
+            .tls
+            .host_fits(cx.sni.as_deref(), tlsgate_http1::host_without_port(h))
+        {
+            tracing::debug!(peer = %cx.peer, sni = ?cx.sni, "421: the host is under another client_auth policy");
+            return Routed::Misdirected;
+        }
+    }
     match site.routes.find(host, cx.sni.as_deref(), path) {
         None => Routed::Root(&site.root),
         Some(e) => match &e.target {

@@ -197,6 +197,27 @@ impl TlsContext {
         }
     }
 
+    /// Whether a request for `host` (the name of a Host field or
+    /// `:authority`, without its port) may be answered on a connection whose handshake was made
+    /// for `sni`. Not when the two names fall under different client
+    /// certificate policies: a client must not reach a name that requires
+    /// a certificate through the handshake of one that does not (it gets
+    /// 421 and a new connection makes the right handshake). A host that no
+    /// certificate of the listener names, under `unknown_sni = "reject"`,
+    /// has no policy of its own and fits any connection.
+    pub fn host_fits(&self, sni: Option<&str>, host: &[u8]) -> bool {
+        if self.configs.len() < 2 {
+            return true;
+        }
+        let name = String::from_utf8_lossy(host);
+        let Some(wanted) = self.store.lookup(Some(&name)) else {
+            return true;
+        };
+        self.store
+            .lookup(sni)
+            .is_some_and(|had| had.client_auth() == wanted.client_auth())
+    }
+
     /// The rustls configuration for a client with this SNI, or `None`
     /// when the client is not served (no certificate, no default).
     pub fn config_for(&self, sni: Option<&str>) -> Option<&Arc<ServerConfig>> {

@@ -249,6 +249,99 @@ fn optional_name_serves_without_a_certificate_and_identifies_with_one() {
     assert!(lines[1].starts_with("127.0.0.1 - svc-a ["), "{log}");
 }
 
+/// A request whose Host names another client certificate policy than the
+/// handshake's SNI gets 421 over HTTP/1.1 and h2, whatever route or root
+/// its Host would take: a client without a certificate cannot reach a
+/// name that requires one by sending the other name's SNI, or none.
+#[test]
+fn a_host_under_another_client_auth_policy_is_misdirected() {
+    let fx = Fixture::new();
+    let p = pki(fx.path());
+    let secret_root = fx.path().join("secret");
+    std::fs::create_dir_all(&secret_root).unwrap();
+    std::fs::write(secret_root.join("hello.txt"), "secret\n").unwrap();
+    let extra = format!(
+        "[[listener.certificate]]\ncert = {c:?}\nkey = {k:?}\nnames = [\"secure.test\"]\nclient_auth = \"required\"\nclient_ca = {ca:?}\n\n\
+         [[listener.certificate]]\ncert = {c:?}\nkey = {k:?}\nnames = [\"open.test\"]\n\n\
+         [[listener.route]]\nhost = \"secure.test\"\nroot = {secret_root:?}\n",
+        c = fx.cert.cert,
+        k = fx.cert.key,
+        ca = p.ca,
+    );
+    let server = Server::start(&fx, &fx.config("", &extra));
+    let status = |sni: &str, client: Option<&ClientCert>, host: &str, extra: &[&str]| {
+        let host = format!("Host: {host}");
+        let mut args = vec!["-o", "/dev/null", "-w", "%{http_code}", "-H", &host];
+        args.extend_from_slice(extra);
+        let out = curl_as(&server, sni, client, &args);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for proto in ["--http1.1", "--http2"] {
+        // The way around the certificate: refused, by name and by address.
+        assert_eq!(
+            status("open.test", None, "secure.test", &[proto]),
+            "421",
+            "{proto}"
+        );
+        assert_eq!(
+            status("open.test", None, "SECURE.test:443", &[proto]),
+            "421",
+            "{proto}"
+        );
+        assert_eq!(
+            status("localhost", None, "secure.test", &[proto]),
+            "421",
+            "{proto}"
+        );
+        // With the certificate, through its own handshake: served.
+        assert_eq!(
+            status("secure.test", Some(&p.good), "secure.test", &[proto]),
+            "200",
+            "{proto}"
+        );
+        // Names under one policy share connections as before.
+        assert_eq!(
+            status("open.test", None, "localhost", &[proto]),
+            "200",
+            "{proto}"
+        );
+        assert_eq!(
+            status("open.test", None, "unnamed.test", &[proto]),
+            "200",
+            "{proto}"
+        );
+        // And the policies hold both ways.
+        assert_eq!(
+            status("secure.test", Some(&p.good), "open.test", &[proto]),
+            "421",
+            "{proto}"
+        );
+    }
+    // The secret root is what the 421s kept back.
+    let ok = curl_as(&server, "secure.test", Some(&p.good), &[]);
+    assert_eq!(String::from_utf8_lossy(&ok.stdout), "secret\n");
+    // No SNI at all (an IP address): the default name's policy.
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "-k",
+            "--max-time",
+            "20",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .args(["-H", "Host: secure.test"])
+        .arg(format!(
+            "https://127.0.0.1:{}/hello.txt",
+            server.addr.port()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "421");
+}
+
 /// A session store that offers every ticket to every server name, as a
 /// hostile client may.
 #[derive(Debug)]

@@ -20,7 +20,7 @@ use common::upstream::{
     make_leaf, pattern, pool, route, routes, start, start_early_answering, upstream_tls, Python,
     Upstream, NO_RATE_LIMIT,
 };
-use common::{tls_connect, Fixture, Server, TlsStream};
+use common::{tls_connect, Fixture, Server, TlsStream, HELLO};
 
 // ---------------------------------------------------------------------
 // Client side.
@@ -665,6 +665,66 @@ fn smuggling_shaped_requests_never_reach_the_upstream() {
     }
 }
 
+/// Dot-segments (`..`, also as `%2e%2e`) and repeated slashes cannot lead
+/// a request around its route: routes match the normalised path, the
+/// upstream gets that same path, and a path climbing above `/` is 400.
+#[test]
+fn dot_segments_cannot_lead_a_request_around_its_route() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/id", "app", ""));
+    let exchange = |target: &str| {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+        common::raw_exchange(server.addr, req.as_bytes())
+    };
+    // Out of the route: the listener's own files, never the upstream.
+    for target in [
+        "/id/../hello.txt",
+        "/id/%2e%2E/hello.txt",
+        "/id/x/../../hello.txt",
+    ] {
+        let answer = exchange(target);
+        assert_eq!(common::statuses(&answer), [200], "{target}: {answer}");
+        assert!(answer.ends_with(HELLO), "{target}: {answer}");
+    }
+    assert_eq!(a.requests.load(Ordering::Relaxed), 0);
+    // Into the route: forwarded with the path it was routed by.
+    for (target, upstream_sees) in [
+        ("/x/../id", "GET /id HTTP/1.1"),
+        ("//id", "GET /id HTTP/1.1"),
+        ("/./id?q=/../x", "GET /id?q=/../x HTTP/1.1"),
+    ] {
+        let answer = exchange(target);
+        assert_eq!(common::statuses(&answer), [200], "{target}: {answer}");
+        assert!(answer.ends_with("\r\n\r\na"), "{target}: {answer}");
+        let head = a.last_head.lock().unwrap().clone();
+        assert!(head.starts_with(upstream_sees), "{target}: {head}");
+    }
+    let before = a.requests.load(Ordering::Relaxed);
+    let answer = exchange("/id/../../etc/passwd");
+    assert_eq!(common::statuses(&answer), [400], "{answer}");
+    // Over h2, the same: curl sends the path as it is given.
+    let h2 = Command::new("curl")
+        .args(["-sS", "-k", "--http2", "--path-as-is", "--max-time", "20"])
+        .arg(format!("https://127.0.0.1:{}/x/../id", server.addr.port()))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&h2.stdout), "a", "{h2:?}");
+    assert!(a.last_head.lock().unwrap().starts_with("GET /id HTTP/1.1"));
+    let h2 = Command::new("curl")
+        .args(["-sS", "-k", "--http2", "--path-as-is", "--max-time", "20"])
+        .args(["-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!(
+            "https://127.0.0.1:{}/id/../../x",
+            server.addr.port()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&h2.stdout), "400", "{h2:?}");
+    assert_eq!(a.requests.load(Ordering::Relaxed), before + 1);
+}
+
 #[test]
 fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     let fx = Fixture::new();
@@ -766,7 +826,7 @@ fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() 
     let r = get(
         &mut s,
         "/headers?x=1",
-        "X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Client-Cert: Hash=forged\r\nForwarded: for=6.6.6.6\r\nConnection: X-Secret, keep-alive\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nUpgrade: h2c\r\nVia: 1.1 edge\r\nX-Kept: yes\r\n",
+        "X-Forwarded-For: 6.6.6.6\r\nX-Forwarded-Client-Cert: Hash=forged\r\nForwarded: for=6.6.6.6\r\nConnection: X-Secret, keep-alive\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nUpgrade: h2c\r\nVia: 1.1 edge\r\nX-Kept: yes\r\nX_Forwarded_For: 7.7.7.7\r\nx_real_ip: 7.7.7.8\r\nX-Forwarded_Client_Cert: Hash=forged2\r\nX_Kept_Too: yes\r\n",
     )
     .unwrap();
     assert_eq!(r.status, 200);
@@ -778,6 +838,9 @@ fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() 
     );
     for gone in [
         "6.6.6.6",
+        // Underscore spellings: a CGI-style gateway reads them as the
+        // proxy's own fields.
+        "7.7.7.",
         "forged",
         "x-secret",
         "keep-alive",
@@ -794,6 +857,7 @@ fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() 
         "Via: 1.1 edge\r\n",
         "Via: 1.1 tlsgate\r\n",
         "X-Kept: yes\r\n",
+        "X_Kept_Too: yes\r\n",
     ] {
         assert!(head.contains(kept), "{kept:?} missing: {head}");
     }
