@@ -42,6 +42,9 @@ async fn check_loop(pool: Weak<Pool>, i: usize) {
         if good {
             ok_run += 1;
             bad_run = 0;
+            // A passing check ends a passive mark, as Envoy's outlier
+            // detection does by default.
+            s.clear_mark();
             if !was && ok_run >= hc.rise {
                 s.check_ok.store(true, Ordering::Relaxed);
                 tracing::info!(pool = %p.cfg.name, server = %s.cfg.address, "upstream server back in service (health check)");

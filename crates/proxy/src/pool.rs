@@ -54,6 +54,11 @@ pub(crate) struct Server {
 }
 
 impl Server {
+    /// Ends a passive mark: in service again (if its health check agrees).
+    pub(crate) fn clear_mark(&self) {
+        self.down_until_ms.store(0, Ordering::Relaxed);
+    }
+
     /// Where new connections to it go.
     pub(crate) fn addr(&self) -> SocketAddr {
         *self.addr.read().unwrap_or_else(|e| e.into_inner())
@@ -167,18 +172,30 @@ impl Pool {
     }
 
     /// Picks a server not in `tried` and counts a request in flight on it.
+    /// When passive marks have taken out every server the active checks
+    /// (if any) still pass, they are ignored: a few slow or failed answers
+    /// in a row must not turn a whole pool into 503s for `fail_timeout`
+    /// (a one-server pool above all), as nginx never marks a lone server
+    /// and Envoy's panic threshold balances over all hosts.
     pub(crate) fn choose(&self, tried: &[usize], key: Option<u64>) -> Option<Lease<'_>> {
-        let candidates: Vec<Candidate> = self
-            .servers
-            .iter()
-            .enumerate()
-            .map(|(i, s)| Candidate {
-                usable: !tried.contains(&i) && self.in_service(i),
-                weight: s.cfg.weight,
-                in_flight: s.in_flight.load(Ordering::Relaxed),
-            })
-            .collect();
-        let server = self.balancer.pick(&candidates, key)?;
+        let now = self.now_ms();
+        let candidates = |heed_marks: bool| -> Vec<Candidate> {
+            self.servers
+                .iter()
+                .enumerate()
+                .map(|(i, s)| Candidate {
+                    usable: !tried.contains(&i)
+                        && s.check_ok.load(Ordering::Relaxed)
+                        && (!heed_marks || s.down_until_ms.load(Ordering::Relaxed) <= now),
+                    weight: s.cfg.weight,
+                    in_flight: s.in_flight.load(Ordering::Relaxed),
+                })
+                .collect()
+        };
+        let server = self
+            .balancer
+            .pick(&candidates(true), key)
+            .or_else(|| self.balancer.pick(&candidates(false), key))?;
         let s = self.servers.get(server)?;
         s.in_flight.fetch_add(1, Ordering::Relaxed);
         Some(Lease {

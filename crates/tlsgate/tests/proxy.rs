@@ -363,6 +363,50 @@ fn a_slow_upstream_is_answered_504_at_the_timeout() {
     }
 }
 
+/// Passive marks never leave a pool with no server: a lone server that
+/// timed out `max_fails` times in a row still gets the next request (it
+/// got 503 for the whole `fail_timeout` before), and a passing health
+/// check ends a mark at once.
+#[test]
+fn passive_marks_never_empty_a_pool_and_a_passing_check_ends_them() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let marks = "response_timeout = \"300ms\"\nmax_fails = 1\nfail_timeout = \"60s\"";
+    let lone = pool("lone", &[(a.address(), 1)], marks, "");
+    let server = start(&fx, "", &lone, &route("/", "lone", ""));
+    let mut s = tls_connect(server.addr);
+    assert_eq!(get(&mut s, "/slow", "").unwrap().status, 504);
+    // Marked out: the gauge says so, and the next request still goes.
+    server.expect_metric_line(&format!(
+        "tlsgate_upstream_healthy{{pool=\"lone\",server=\"{}\"}} 0",
+        a.address()
+    ));
+    let r = get(&mut s, "/id", "").unwrap();
+    assert_eq!(
+        (r.status, body_text(&r)),
+        (200, "a".to_string()),
+        "{}",
+        r.head
+    );
+    drop(server);
+
+    // A pair: one of them marked for 60 s, back once its check passes.
+    let fx = Fixture::new();
+    let pair = pool(
+        "pair",
+        &[(a.address(), 1), (b.address(), 1)],
+        marks,
+        "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\nrise = 1\n",
+    );
+    let server = start(&fx, "", &pair, &route("/", "pair", ""));
+    let mut s = tls_connect(server.addr);
+    assert_eq!(get(&mut s, "/slow", "").unwrap().status, 504);
+    std::thread::sleep(Duration::from_millis(600));
+    let seen = count_ids(&server, "/id", 10);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
 #[test]
 fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
     let fx = Fixture::new();
