@@ -523,8 +523,12 @@ fn body_piece(file: &StaticFile, pool: &mut BytesMut, n: usize, at: u64) -> std:
 }
 
 /// Sends `len` bytes of `file` from `start` in DATA frames, each chunk
-/// read once the client's windows have room for it (reserved capacity),
-/// each wait bounded by the send timeout. Returns the bytes sent.
+/// read once the client's windows have room for it (reserved capacity).
+/// The send timeout bounds each wait for room, and also each record's
+/// worth of progress (or the rest of the body): a client that opens its
+/// windows a few bytes at a time, each just before the timeout, would
+/// otherwise hold the stream and its buffer for as long as it likes.
+/// Returns the bytes sent.
 async fn send_file(
     send: &mut SendStream<Bytes>,
     file: &StaticFile,
@@ -538,12 +542,14 @@ async fn send_file(
     let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
     let mut done: u64 = 0;
     let mut pool = BytesMut::with_capacity(2 * chunk);
+    let mut deadline = tokio::time::Instant::now() + limit;
+    let mut progress = 0;
     while done < len {
         let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
         send.reserve_capacity(want);
         let mut granted = send.capacity();
         while granted == 0 {
-            match tokio::time::timeout(limit, poll_fn(|c| send.poll_capacity(c))).await {
+            match tokio::time::timeout_at(deadline, poll_fn(|c| send.poll_capacity(c))).await {
                 Err(_) => {
                     send.send_reset(Reason::CANCEL);
                     return Err(Broken::Timeout);
@@ -571,6 +577,11 @@ async fn send_file(
             Ok(got) => got,
         };
         done += got as u64;
+        progress += got;
+        if progress >= FRAME_IN_RECORD {
+            deadline = tokio::time::Instant::now() + limit;
+            progress = 0;
+        }
         cx.shared.metrics.count_body("userspace", got as u64);
         // One DATA frame per TLS record: a frame of 16384 bytes with its
         // 9-byte header would take a full record and a 9-byte one.

@@ -720,6 +720,36 @@ fn zero_window_reader_is_reset_after_the_send_timeout() {
     s.expect_metric_line("tlsgate_h2_errors_sent_total{frame=\"rst_stream\",code=\"cancel\"} 1\n");
 }
 
+/// A client that opens its windows 100 bytes at a time, each well within
+/// the send timeout, still has to take a record's worth (16 KiB) per
+/// timeout: it was served 100 bytes per grant for as long as it kept
+/// granting, and is reset with CANCEL after the 2 s send timeout now.
+#[test]
+fn a_trickling_reader_is_reset_for_too_little_progress() {
+    let f = Fixture::new();
+    let s = flood_server(&f, "");
+    let mut first = preface(&[(0x4, 100)]);
+    first.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/big.bin")));
+    let mut batches = vec![first];
+    for _ in 0..10 {
+        let mut grant = frame(frame::WINDOW_UPDATE, 0, 1, &100u32.to_be_bytes());
+        grant.extend(frame(frame::WINDOW_UPDATE, 0, 0, &100u32.to_be_bytes()));
+        batches.push(grant);
+    }
+    let t0 = Instant::now();
+    let seen = flood_case_paced(
+        &s,
+        batches,
+        Duration::from_millis(400),
+        Duration::from_secs(5),
+        2,
+    );
+    assert_eq!(seen.resets, vec![(1, CANCEL)], "{seen:?}");
+    assert!(seen.data_bytes < 16 * 1024, "{seen:?}");
+    assert!(t0.elapsed() >= Duration::from_secs(2));
+    s.expect_metric_line("tlsgate_timeouts_total{reason=\"h2_stream_send\"} 1\n");
+}
+
 #[test]
 fn resets_h2_makes_by_itself_are_counted_by_code() {
     let f = Fixture::new();

@@ -732,14 +732,32 @@ fn upstream_failures_are_502_503_or_a_reset_of_their_stream_only() {
             "retries = 0\nmax_fails = 1\nfail_timeout = \"60s\"",
             "",
         ),
+        pool(
+            "checked",
+            &[(dead.address(), 1)],
+            "retries = 0",
+            "[upstream.health_check]\ninterval = \"100ms\"\nfall = 1\n",
+        ),
     ]
     .concat();
-    let s = start(&fx, "", &pools, &routes(&[("/", "app"), ("/gone", "dead")]));
+    let s = start(
+        &fx,
+        "",
+        &pools,
+        &routes(&[("/", "app"), ("/gone", "dead"), ("/checked", "checked")]),
+    );
     rt().block_on(async {
         let c = h2_client(s.addr).await;
-        // Refused connection: 502; then the server is out: 503.
+        // Refused connection: 502, and again: passive marks never empty
+        // a pool.
         assert_eq!(exchange(&c, get("/gone/x"), None).await.status, 502);
-        assert_eq!(exchange(&c, get("/gone/x"), None).await.status, 503);
+        assert_eq!(exchange(&c, get("/gone/x"), None).await.status, 502);
+        // A failed health check takes the lone server out: 503.
+        s.expect_metric_line(&format!(
+            "tlsgate_upstream_healthy{{pool=\"checked\",server=\"{}\"}} 0",
+            dead.address()
+        ));
+        assert_eq!(exchange(&c, get("/checked/x"), None).await.status, 503);
         // A malformed response: 502, never relayed.
         let r = exchange(&c, get("/bad/clte"), None).await;
         assert_eq!(r.status, 502);
@@ -770,10 +788,10 @@ fn upstream_failures_are_502_503_or_a_reset_of_their_stream_only() {
         assert_eq!((r.status, r.body.as_slice()), (200, &b"a"[..]));
     });
     s.expect_metric_line(
-        "tlsgate_proxy_errors_total{pool=\"dead\",status=\"502\",reason=\"connect\"} 1",
+        "tlsgate_proxy_errors_total{pool=\"dead\",status=\"502\",reason=\"connect\"} 2",
     );
     s.expect_metric_line(
-        "tlsgate_proxy_errors_total{pool=\"dead\",status=\"503\",reason=\"no_server\"} 1",
+        "tlsgate_proxy_errors_total{pool=\"checked\",status=\"503\",reason=\"no_server\"} 1",
     );
     s.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 1",
@@ -784,7 +802,10 @@ fn upstream_failures_are_502_503_or_a_reset_of_their_stream_only() {
     );
     wait_access_line(
         &s,
-        &["\"GET /gone/x HTTP/2.0\" 503", "upstream_error=no_server"],
+        &[
+            "\"GET /checked/x HTTP/2.0\" 503",
+            "upstream_error=no_server",
+        ],
     );
     wait_access_line(
         &s,

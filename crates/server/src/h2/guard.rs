@@ -87,9 +87,14 @@ pub(super) struct Alarm {
     tripped: Mutex<Option<&'static str>>,
     /// Wakes the connection loop when `tripped` is set.
     pub notify: Notify,
-    /// Since when a write has been waiting for the client to read.
-    blocked_since: Mutex<Option<Instant>>,
+    /// Since when a write has been waiting for the client to read, and
+    /// the bytes it has taken since then.
+    blocked_since: Mutex<Option<(Instant, usize)>>,
 }
+
+/// What a blocked client must take for its wait to start again: reading a
+/// few bytes just before each send timeout keeps no connection open.
+const MIN_PROGRESS: usize = 16 * 1024;
 
 impl Alarm {
     /// The reason the guard tripped, if it did.
@@ -99,7 +104,10 @@ impl Alarm {
 
     /// Since when the client has not taken what is written to it.
     pub fn blocked_since(&self) -> Option<Instant> {
-        *self.blocked_since.lock().unwrap_or_else(|e| e.into_inner())
+        self.blocked_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|(t, _)| t)
     }
 
     fn trip(&self, reason: &'static str) {
@@ -113,9 +121,21 @@ impl Alarm {
     fn set_blocked(&self, blocked: bool) {
         let mut b = self.blocked_since.lock().unwrap_or_else(|e| e.into_inner());
         match (blocked, b.is_some()) {
-            (true, false) => *b = Some(Instant::now()),
+            (true, false) => *b = Some((Instant::now(), 0)),
             (false, true) => *b = None,
             _ => {}
+        }
+    }
+
+    /// `n` more bytes taken: a blocked writer is free again once
+    /// [`MIN_PROGRESS`] went since it blocked.
+    fn progressed(&self, n: usize) {
+        let mut b = self.blocked_since.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, taken)) = b.as_mut() {
+            *taken += n;
+            if *taken >= MIN_PROGRESS {
+                *b = None;
+            }
         }
     }
 }
@@ -405,7 +425,7 @@ impl<'a, 'c> GuardedIo<'a, 'c> {
                         .observe(buf.get(..take).unwrap_or_default(), &mut ended);
                     left -= take;
                 }
-                self.alarm.set_blocked(false);
+                self.alarm.progressed(*n);
                 self.sent += n;
                 if self.sent >= BYTES_PER_CONTROL_FRAME {
                     self.frames
