@@ -347,9 +347,24 @@ async fn serve_stream(
         .authority()
         .map(|a| a.as_str().as_bytes())
         .or_else(|| h.get(http::header::HOST).map(HeaderValue::as_bytes));
-    let (root, misdirected) = match crate::proxy::route_to(cx, authority, path) {
-        crate::proxy::Routed::Root(root) => (root, false),
-        crate::proxy::Routed::Misdirected => (&cx.site.root, true),
+    // The request limits HTTP/1.1's parser applies: the target's length
+    // (414) and the number of fields (431), before the request goes
+    // anywhere.
+    let limits = &cx.gen.config.limits;
+    let over_limit = if target.len() > limits.max_uri_bytes {
+        Some(414)
+    } else if h.len() > limits.max_headers {
+        Some(431)
+    } else {
+        None
+    };
+    let routed = match over_limit {
+        Some(status) => crate::proxy::Routed::Refused(status),
+        None => crate::proxy::route_to(cx, authority, path),
+    };
+    let (root, early) = match routed {
+        crate::proxy::Routed::Root(root) => (root, None),
+        crate::proxy::Routed::Refused(status) => (&cx.site.root, Some(status)),
         crate::proxy::Routed::Pool(pool, max_body) => {
             // The proxy reads the body itself, as it goes upstream.
             let answered = proxy::serve(cx, &parts, &method, body, respond, (pool, max_body)).await;
@@ -372,20 +387,24 @@ async fn serve_stream(
         }
     };
 
-    // A body is read (and discarded) within the body limits whatever the
-    // method, so that h2 checks it: content-length against the DATA
-    // received, trailers without pseudo-headers (RFC 9113 §8.1.1).
-    let refused = if body.is_end_stream() {
+    // The body of a GET or HEAD is read (and discarded) within the body
+    // limits, so that h2 checks it: content-length against the DATA
+    // received, trailers without pseudo-headers (RFC 9113 §8.1.1). Any
+    // other request is refused (405, 421, 414…) without waiting for its
+    // body, which may never end (CONNECT): h2 resets the stream with
+    // NO_ERROR once the answer is sent (RFC 9113 §8.1).
+    let waits_for_body = early.is_none() && matches!(method, Method::Get | Method::Head);
+    let refused = if body.is_end_stream() || !waits_for_body {
         None
     } else {
         drain(body, cx).await.err().map(Reply::text)
     };
     // `OPTIONS *` gets 405 like any other method; a GET whose `:path`
     // does not start with `/` gets 400 from the core.
-    let reply = match refused {
-        Some(r) => r,
-        None if misdirected => Reply::text(421),
-        None => decide(cx, root, &request(&method, &parts.uri, path, &conditionals)),
+    let reply = match (refused, early) {
+        (Some(r), _) => r,
+        (None, Some(status)) => Reply::text(status),
+        (None, None) => decide(cx, root, &request(&method, &parts.uri, path, &conditionals)),
     };
     let status = reply.status();
     let body_len = if is_head { 0 } else { reply.body_len() };

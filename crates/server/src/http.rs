@@ -222,8 +222,8 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         let mut early: Option<u16> = None;
         let (root, proxied) = match crate::proxy::route(cx, &head) {
             crate::proxy::Routed::Root(root) => (root, None),
-            crate::proxy::Routed::Misdirected => {
-                early = Some(421);
+            crate::proxy::Routed::Refused(status) => {
+                early = Some(status);
                 (&cx.site.root, None)
             }
             crate::proxy::Routed::Pool(pool, max_body) => {

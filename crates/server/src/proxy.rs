@@ -26,9 +26,9 @@ pub(crate) enum Routed<'g> {
     Root(&'g DocumentRoot),
     /// This pool, with the route's request body limit.
     Pool(&'g Arc<Pool>, u64),
-    /// Nowhere: the host falls under another client certificate policy
-    /// than the connection's handshake (421).
-    Misdirected,
+    /// Nowhere: answered with this status. 421 when the host falls under
+    /// another client certificate policy than the connection's handshake.
+    Refused(u16),
 }
 
 /// The route of `head` on the connection's listener (its root without one).
@@ -46,7 +46,7 @@ pub(crate) fn route_to<'g>(cx: &HttpCtx<'g>, host: Option<&[u8]>, path: &[u8]) -
             .host_fits(cx.sni.as_deref(), tlsgate_http1::host_without_port(h))
         {
             tracing::debug!(peer = %cx.peer, sni = ?cx.sni, "421: the host is under another client_auth policy");
-            return Routed::Misdirected;
+            return Routed::Refused(421);
         }
     }
     match site.routes.find(host, cx.sni.as_deref(), path) {

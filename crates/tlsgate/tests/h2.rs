@@ -285,6 +285,58 @@ async fn fetch(client: &h2::client::SendRequest<Bytes>, path: &str) -> (http::St
     (parts.status, data)
 }
 
+/// The request limits HTTP/1.1 applies hold over h2 too (a target over
+/// `max_uri_bytes` 414, more fields than `max_headers` 431), and a
+/// request refused whatever its body (CONNECT, POST to files) is answered
+/// at once, not after waiting for a body that may never end.
+#[test]
+fn h2_requests_meet_the_http1_limits_and_refusals_do_not_wait_for_bodies() {
+    let f = Fixture::new();
+    let s = Server::start(
+        &f,
+        &config(
+            &f,
+            "[limits]\nmax_uri_bytes = 1024\nmax_headers = 20\nbody_timeout = \"20s\"",
+            "",
+        ),
+    );
+    let long = format!("/{}", "a".repeat(1100));
+    assert_eq!(curl2(&s, &[&s.url(&long)]).0, "414");
+    let many: Vec<String> = (0..25).map(|i| format!("X-F{i}: v")).collect();
+    let mut args = vec![s.url("/hello.txt")];
+    for h in &many {
+        args.extend(["-H".to_string(), h.clone()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(curl2(&s, &args).0, "431");
+    // Under the limits: served.
+    assert_eq!(curl2(&s, &[&s.url(&long[..900])]).0, "404");
+    rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        for req in [
+            http::Request::connect("localhost:443").body(()).unwrap(),
+            http::Request::post("https://localhost/hello.txt")
+                .body(())
+                .unwrap(),
+        ] {
+            let mut c = client.clone().ready().await.unwrap();
+            // The body is left open: the client never ends it.
+            let (resp, _body) = c.send_request(req, false).unwrap();
+            let t0 = Instant::now();
+            let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+                .await
+                .expect("answered without waiting for the body")
+                .unwrap();
+            assert_eq!(resp.status(), 405);
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+        // The connection goes on.
+        assert_eq!(fetch(&client, "/hello.txt").await.1, HELLO.as_bytes());
+    });
+}
+
 #[test]
 fn rustls_h2_client_with_100_concurrent_streams_on_one_connection() {
     let f = Fixture::new();
@@ -377,6 +429,7 @@ fn reload_and_shutdown_finish_streams_in_flight() {
         let (_, mut body) = resp.await.unwrap().into_parts();
         let mut data = Vec::new();
         let mut signalled = 0;
+        let mut after_reload = None;
         while let Some(chunk) = body.data().await {
             let chunk = chunk.unwrap();
             body.flow_control().release_capacity(chunk.len()).unwrap();
@@ -387,13 +440,36 @@ fn reload_and_shutdown_finish_streams_in_flight() {
             if signalled == 0 && data.len() > 1 << 20 {
                 s.signal("HUP");
                 signalled = 1;
-            } else if signalled == 1 && data.len() > 8 << 20 {
+            } else if signalled == 1 && data.len() > 8 << 20 && after_reload.is_none() {
                 s.wait_log("reloaded configuration", Duration::from_secs(5));
+                // The next stream is served, with GOAWAY naming it: a
+                // stream after it is refused (the client comes back on a
+                // new connection, under the new configuration).
+                let c = client.clone();
+                after_reload = Some(tokio::spawn(async move {
+                    let served = fetch(&c, "/hello.txt").await;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let req = http::Request::get("https://localhost/hello.txt")
+                        .body(())
+                        .unwrap();
+                    let refused = match c.clone().ready().await {
+                        Err(_) => true,
+                        Ok(mut c) => match c.send_request(req, true) {
+                            Err(_) => true,
+                            Ok((resp, _)) => resp.await.is_err(),
+                        },
+                    };
+                    (served, refused)
+                }));
+            } else if signalled == 1 && after_reload.as_ref().is_some_and(|t| t.is_finished()) {
                 s.signal("TERM");
                 signalled = 2;
             }
         }
         assert_eq!(signalled, 2, "the response ended before the signals");
+        let (served, refused) = after_reload.unwrap().await.unwrap();
+        assert_eq!(served, (http::StatusCode::OK, HELLO.as_bytes().to_vec()));
+        assert!(refused, "a stream after the reload's GOAWAY was served");
         assert!(data == huge, "the stream in flight was cut or corrupted");
         // GOAWAY came: the connection ends without error, and no new
         // stream is accepted.

@@ -238,7 +238,10 @@ impl FrameReader {
             DATA if len == 0 && flags & END_STREAM == 0 => {
                 control(&mut self.control, "empty_frame_flood")
             }
-            DATA | GOAWAY => Ok(()),
+            DATA => Ok(()),
+            // One ends a client's side; more (up to 16 KiB each) only
+            // cost reads.
+            GOAWAY => control(&mut self.control, "goaway_flood"),
             PING => control(&mut self.control, "ping_flood"),
             SETTINGS if flags & ACK == 0 => control(&mut self.control, "settings_flood"),
             SETTINGS => Ok(()),
@@ -614,6 +617,15 @@ mod tests {
         assert_eq!(
             r.observe(&frame(frame::PING, 0, &[0; 8]), now),
             Err("ping_flood")
+        );
+        let mut r = FrameReader::new(&limits(), now);
+        r.observe(&[0; PREFACE_LEN], now).unwrap();
+        for _ in 0..5 {
+            r.observe(&frame(frame::GOAWAY, 0, &[0; 8]), now).unwrap();
+        }
+        assert_eq!(
+            r.observe(&frame(frame::GOAWAY, 0, &[0; 8]), now),
+            Err("goaway_flood")
         );
         // A tripped reader is done with; a new one, its bucket emptied.
         let mut r = FrameReader::new(&limits(), now);
