@@ -903,12 +903,27 @@ async fn send_body<B: RequestBody>(
     deadline: Option<Instant>,
     early: &mut Vec<u8>,
 ) -> Result<(), BodyError> {
+    // `total_timeout` bounds the upload too: a client still sending when
+    // it passes gets 408 (its body, not the server, took the time).
+    let total = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(total);
     loop {
         // While the client is slow to send, the upstream may answer.
         let next = tokio::select! {
             biased;
             () = poll_fn(|cx| poll_answer(conn, early, cx)) => return Err(BodyError::Answered),
             next = body.next() => next,
+            () = &mut total => {
+                return Err(BodyError::Client(BodyRefused {
+                    status: 408,
+                    reason: Failure::TotalTimeout.reason(),
+                }));
+            }
         };
         let Some(data) = next.map_err(BodyError::Client)? else {
             break;

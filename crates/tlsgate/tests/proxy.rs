@@ -205,6 +205,7 @@ fn requests_are_balanced_as_configured_over_rust_and_python_upstreams() {
         ("/id", "rr"),
         ("/w", "weighted"),
         ("/lc", "lc"),
+        ("/slow", "lc"),
         ("/h", "hash"),
     ]);
     let server = start(&fx, "", &pools, &routes);
@@ -236,6 +237,30 @@ fn requests_are_balanced_as_configured_over_rust_and_python_upstreams() {
         after.0 > before.0 && after.1 > before.1 && after.0 + after.1 == before.0 + before.1 + 100,
         "least connections uses both: {before:?} {after:?}"
     );
+    // While one server holds a slow request, the other takes every new one.
+    let addr = server.addr;
+    let slow = std::thread::spawn(move || get(&mut tls_connect(addr), "/slow", "").unwrap().status);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while counts().0 + counts().1 == after.0 + after.1 {
+        assert!(Instant::now() < deadline, "the slow request never arrived");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let holding = counts();
+    for _ in 0..10 {
+        assert_eq!(get(&mut s, "/lc", "").unwrap().status, 404);
+    }
+    let now = counts();
+    let a_holds = holding.0 > after.0;
+    assert_eq!(
+        if a_holds {
+            (now.0 - holding.0, now.1 - holding.1)
+        } else {
+            (now.1 - holding.1, now.0 - holding.0)
+        },
+        (0, 10),
+        "least connections: all to the idle server ({holding:?} then {now:?})"
+    );
+    assert_eq!(slow.join().unwrap(), 200);
 
     // Hash: one user always lands on one server; users spread.
     let mut placed: HashMap<String, String> = HashMap::new();
@@ -405,6 +430,31 @@ fn passive_marks_never_empty_a_pool_and_a_passing_check_ends_them() {
     std::thread::sleep(Duration::from_millis(600));
     let seen = count_ids(&server, "/id", 10);
     assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+/// `total_timeout` bounds the upload too: a client that sends part of its
+/// body and stalls gets 408 when the total passes, not at `body_timeout`.
+#[test]
+fn total_timeout_bounds_a_stalled_upload() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "total_timeout = \"1s\"", "");
+    // body_timeout stays at its 30 s default.
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let t0 = Instant::now();
+    s.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n0123456789")
+        .unwrap();
+    s.flush().unwrap();
+    let answer = common::read_to_close(&mut s);
+    let took = t0.elapsed();
+    assert_eq!(common::statuses(&answer), [408], "{answer}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !server.access_log().contains("upstream_error=total_timeout") {
+        assert!(Instant::now() < deadline, "{}", server.access_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
