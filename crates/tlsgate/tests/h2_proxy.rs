@@ -116,19 +116,6 @@ fn curl2(s: &Server, args: &[&str]) -> (String, String, Vec<u8>) {
     )
 }
 
-/// Waits until the access log has a line with every one of `needles`.
-fn wait_access_line(s: &Server, needles: &[&str]) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let log = s.access_log();
-        if let Some(line) = log.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
-            return line.to_string();
-        }
-        assert!(Instant::now() < deadline, "no {needles:?} in:\n{log}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn curl_http2_through_the_proxy_is_byte_exact_both_ways() {
     let fx = Fixture::new();
@@ -233,20 +220,14 @@ fn curl_http2_through_the_proxy_is_byte_exact_both_ways() {
     }
 
     // Logged and counted as HTTP/2 requests, with the upstream named.
-    wait_access_line(
-        &s,
-        &[
-            "\"POST /echo HTTP/2.0\" 200 67108864",
-            &format!("upstream={}", a.address()),
-        ],
-    );
-    wait_access_line(
-        &s,
-        &[
-            "\"GET /py/big.bin HTTP/2.0\" 200",
-            &format!("upstream={}", py.addr),
-        ],
-    );
+    s.wait_access_line(&[
+        "\"POST /echo HTTP/2.0\" 200 67108864",
+        &format!("upstream={}", a.address()),
+    ]);
+    s.wait_access_line(&[
+        "\"GET /py/big.bin HTTP/2.0\" 200",
+        &format!("upstream={}", py.addr),
+    ]);
     // 1 + 1 + 4 downloads, 4 sizes × 2 uploads.
     assert_eq!(
         s.metric(r#"tlsgate_requests_total{class="2xx",protocol="h2"}"#),
@@ -499,13 +480,10 @@ fn request_bodies_over_the_limit_are_refused_and_never_reach_the_upstream_whole(
         assert_eq!((r.status, r.body.len()), (200, 0));
     });
     assert_eq!(a.requests.load(Ordering::Relaxed), 2);
-    wait_access_line(
-        &s,
-        &[
-            "\"POST /echo HTTP/2.0\" 413",
-            "upstream_error=body_too_large",
-        ],
-    );
+    s.wait_access_line(&[
+        "\"POST /echo HTTP/2.0\" 413",
+        "upstream_error=body_too_large",
+    ]);
 }
 
 #[test]
@@ -629,13 +607,10 @@ fn a_slow_upstream_times_out_on_its_stream_while_another_stream_succeeds() {
     s.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"slow\",status=\"504\",reason=\"response_timeout\"} 1",
     );
-    wait_access_line(
-        &s,
-        &[
-            "\"GET /slow HTTP/2.0\" 504",
-            "upstream_error=response_timeout",
-        ],
-    );
+    s.wait_access_line(&[
+        "\"GET /slow HTTP/2.0\" 504",
+        "upstream_error=response_timeout",
+    ]);
     assert_eq!(
         s.metric(r#"tlsgate_requests_total{class="5xx",protocol="h2"}"#),
         1.0
@@ -704,17 +679,11 @@ fn a_client_reset_cancels_the_upstream_request_and_the_connection_keeps_serving(
         assert_eq!((r.status, r.body.as_slice()), (200, &b"a"[..]));
         assert_eq!(a.conns.load(Ordering::Relaxed), 3);
     });
-    wait_access_line(
-        &s,
-        &[
-            "\"GET /gen?n=67108864 HTTP/2.0\" 200",
-            "upstream_error=client_gone",
-        ],
-    );
-    wait_access_line(
-        &s,
-        &["\"GET /slow HTTP/2.0\" 499", "upstream_error=client_gone"],
-    );
+    s.wait_access_line(&[
+        "\"GET /gen?n=67108864 HTTP/2.0\" 200",
+        "upstream_error=client_gone",
+    ]);
+    s.wait_access_line(&["\"GET /slow HTTP/2.0\" 499", "upstream_error=client_gone"]);
     s.expect_metric_line(&format!("{idle} 1\n"));
 }
 
@@ -796,24 +765,15 @@ fn upstream_failures_are_502_503_or_a_reset_of_their_stream_only() {
     s.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 1",
     );
-    wait_access_line(
-        &s,
-        &["\"GET /gone/x HTTP/2.0\" 502", "upstream_error=connect"],
-    );
-    wait_access_line(
-        &s,
-        &[
-            "\"GET /checked/x HTTP/2.0\" 503",
-            "upstream_error=no_server",
-        ],
-    );
-    wait_access_line(
-        &s,
-        &[
-            "\"GET /truncated HTTP/2.0\" 200",
-            "upstream_error=truncated",
-        ],
-    );
+    s.wait_access_line(&["\"GET /gone/x HTTP/2.0\" 502", "upstream_error=connect"]);
+    s.wait_access_line(&[
+        "\"GET /checked/x HTTP/2.0\" 503",
+        "upstream_error=no_server",
+    ]);
+    s.wait_access_line(&[
+        "\"GET /truncated HTTP/2.0\" 200",
+        "upstream_error=truncated",
+    ]);
 }
 
 #[test]
@@ -904,18 +864,12 @@ fn headers_are_translated_both_ways() {
         assert_eq!(resp.await.unwrap().status(), 405);
         assert_eq!(a.requests.load(Ordering::Relaxed), before);
     });
-    wait_access_line(
-        &s,
-        &[
-            "\"CONNECT ",
-            "HTTP/2.0\" 405",
-            "upstream_error=connect_refused",
-        ],
-    );
-    wait_access_line(
-        &s,
-        &["\"GET /id HTTP/2.0\" 400", "upstream_error=host_mismatch"],
-    );
+    s.wait_access_line(&[
+        "\"CONNECT ",
+        "HTTP/2.0\" 405",
+        "upstream_error=connect_refused",
+    ]);
+    s.wait_access_line(&["\"GET /id HTTP/2.0\" 400", "upstream_error=host_mismatch"]);
 }
 
 #[test]

@@ -265,6 +265,23 @@ impl Server {
         self.stdout.lock().unwrap().clone()
     }
 
+    /// Waits up to 5 s for an access-log line holding every needle (the
+    /// writer thread logs after the client has its answer); that line.
+    pub fn wait_access_line(&self, needles: &[&str]) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.access_log();
+            if let Some(line) = log.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+                return line.to_string();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needles:?} in:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// `GET path` on the admin listener; the whole response.
     pub fn admin_get(&self, path: &str) -> String {
         let mut s = TcpStream::connect(self.admin.expect("admin listener")).unwrap();
