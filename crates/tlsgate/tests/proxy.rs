@@ -823,6 +823,8 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
         "/bad/cr",
         "/bad/nul",
         "/bad/te",
+        "/bad/fold",
+        "/bad/204body",
     ] {
         let conns = a.conns.load(Ordering::Relaxed);
         let r = get(&mut s, bad, "").unwrap();
@@ -853,8 +855,35 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     let r = get(&mut s, "/id", "").unwrap();
     assert_eq!(body_text(&r), "a");
     assert_eq!(a.conns.load(Ordering::Relaxed), conns + 1);
+    // Bytes after a response that has no body, whatever its head says: a
+    // 304 with a Content-Length, and the upstream's answer to a HEAD (the
+    // test upstream sends /id's body even then).
+    for (request, status) in [
+        ("GET /bad/304extra HTTP/1.1\r\nHost: a\r\n\r\n", 304),
+        ("HEAD /id HTTP/1.1\r\nHost: a\r\n\r\n", 200),
+    ] {
+        let conns = a.conns.load(Ordering::Relaxed);
+        s.write_all(request.as_bytes()).unwrap();
+        s.flush().unwrap();
+        let r = read_response(&mut s, true).unwrap();
+        assert_eq!(r.status, status, "{request}: {}", r.head);
+        // Nothing of the surplus reached the client: the next response
+        // is the next request's.
+        let r = get(&mut s, "/id", "").unwrap();
+        assert_eq!((r.status, body_text(&r).as_str()), (200, "a"), "{request}");
+        assert_eq!(
+            a.conns.load(Ordering::Relaxed),
+            conns + 1,
+            "{request}: connection reused"
+        );
+    }
+    // Interim answers are skipped; the final one is relayed, alone.
+    let r = get(&mut s, "/interim", "").unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{}", r.head);
+    assert!(!r.head.contains("Early") && !r.head.contains("Link"), "{}", r.head);
+    assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
     server.expect_metric_line(
-        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 6",
+        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 8",
     );
 }
 

@@ -337,6 +337,14 @@ fn serve_conn(
                     }
                 }
             }
+            // obs-fold (RFC 9112 §5.2): refused, never unfolded.
+            "/bad/fold" => b"HTTP/1.1 200 OK\r\nX-Evil: a\r\n b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            // A 204 that claims a body.
+            "/bad/204body" => b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
+            // Interim answers before the final one.
+            "/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </x.css>; rel=preload\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            // A 304 (no body, whatever it says) followed by more bytes.
+            "/bad/304extra" => b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
             "/bad/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
             // The same past a body longer than the proxy's first read.
             "/bad/extra-big" => {
