@@ -26,7 +26,7 @@ pub struct ServerErrorLabels {
     /// The server's address as configured.
     pub server: String,
     /// `connect`, `connect_timeout`, `tls`, `reset`, `response_timeout`,
-    /// `bad_response`, `idle_timeout`, `total_timeout`, `closed`.
+    /// `bad_response`, `idle_timeout`, `total_timeout`, `truncated`.
     pub kind: &'static str,
 }
 
