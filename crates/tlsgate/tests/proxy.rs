@@ -482,9 +482,27 @@ fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
             &format!("tls = true\nca = {other_pem:?}\nsni = \"app.internal\"\nretries = 0"),
             "",
         ),
+        // No idle connections: a TLS handshake per request.
+        pool(
+            "resume",
+            &[(plain_tls.address(), 1)],
+            &format!("{}\nmax_idle = 0", tls_keys(&ca_pem)),
+            "",
+        ),
+        pool(
+            "fresh",
+            &[(plain_tls.address(), 1)],
+            &format!(
+                "{}\nmax_idle = 0\nsession_resumption = false",
+                tls_keys(&ca_pem)
+            ),
+            "",
+        ),
     ]
     .concat();
     let routes = routes(&[
+        ("/resume", "resume"),
+        ("/fresh", "fresh"),
         ("/tls", "tls"),
         ("/mtls", "mtls"),
         ("/nocert", "nocert"),
@@ -525,6 +543,21 @@ fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
         2,
         "one connection, and the refused handshake"
     );
+    // Session resumption to the upstream: on by default, off when asked.
+    let resumed = || plain_tls.resumed.load(Ordering::Relaxed);
+    assert_eq!(resumed(), 0);
+    for _ in 0..4 {
+        assert_eq!(get(&mut s, "/resume", "").unwrap().status, 404);
+    }
+    let conns = plain_tls.conns.load(Ordering::Relaxed);
+    assert_eq!(conns, 2 + 4, "a new connection per request");
+    assert!(resumed() >= 3, "{} of 4 handshakes resumed", resumed());
+    let before = resumed();
+    for _ in 0..3 {
+        assert_eq!(get(&mut s, "/fresh", "").unwrap().status, 404);
+    }
+    assert_eq!(plain_tls.conns.load(Ordering::Relaxed), conns + 3);
+    assert_eq!(resumed(), before, "session_resumption = false resumed");
 }
 
 /// curl through the proxy: `args` added, output to `out`.
@@ -879,8 +912,17 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     }
     // Interim answers are skipped; the final one is relayed, alone.
     let r = get(&mut s, "/interim", "").unwrap();
-    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]), "{}", r.head);
-    assert!(!r.head.contains("Early") && !r.head.contains("Link"), "{}", r.head);
+    assert_eq!(
+        (r.status, r.body.as_slice()),
+        (200, &b"ok"[..]),
+        "{}",
+        r.head
+    );
+    assert!(
+        !r.head.contains("Early") && !r.head.contains("Link"),
+        "{}",
+        r.head
+    );
     assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
     server.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 8",

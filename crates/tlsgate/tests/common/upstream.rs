@@ -40,6 +40,8 @@ pub struct Upstream {
     pub healthy: Arc<AtomicBool>,
     /// The last request head it read.
     pub last_head: Arc<Mutex<String>>,
+    /// TLS connections that resumed a session.
+    pub resumed: Arc<AtomicUsize>,
 }
 
 impl Upstream {
@@ -60,8 +62,9 @@ impl Upstream {
             stop: Arc::default(),
             healthy: Arc::new(AtomicBool::new(true)),
             last_head: Arc::default(),
+            resumed: Arc::default(),
         };
-        let (name, requests, conns, closed, stop, healthy, last) = (
+        let (name, requests, conns, closed, stop, healthy, last, resumed) = (
             name.to_string(),
             up.requests.clone(),
             up.conns.clone(),
@@ -69,6 +72,7 @@ impl Upstream {
             up.stop.clone(),
             up.healthy.clone(),
             up.last_head.clone(),
+            up.resumed.clone(),
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
@@ -83,7 +87,7 @@ impl Upstream {
                 sock.set_nonblocking(false).unwrap();
                 sock.set_read_timeout(Some(Duration::from_millis(50)))
                     .unwrap();
-                let (name, requests, closed, stop, healthy, last, tls) = (
+                let (name, requests, closed, stop, healthy, last, tls, resumed) = (
                     name.clone(),
                     requests.clone(),
                     closed.clone(),
@@ -91,11 +95,30 @@ impl Upstream {
                     healthy.clone(),
                     last.clone(),
                     tls.clone(),
+                    resumed.clone(),
                 );
                 std::thread::spawn(move || {
                     let io: Box<dyn Io> = match tls {
                         Some(cfg) => {
-                            Box::new(StreamOwned::new(ServerConnection::new(cfg).unwrap(), sock))
+                            let mut conn = ServerConnection::new(cfg).unwrap();
+                            let mut sock = sock;
+                            // The handshake first, to see how it went.
+                            while conn.is_handshaking() && !stop.load(Ordering::Relaxed) {
+                                match conn.complete_io(&mut sock) {
+                                    Ok(_) => {}
+                                    Err(e)
+                                        if e.kind() == std::io::ErrorKind::WouldBlock
+                                            || e.kind() == std::io::ErrorKind::TimedOut => {}
+                                    Err(_) => {
+                                        closed.fetch_add(1, Ordering::Relaxed);
+                                        return;
+                                    }
+                                }
+                            }
+                            if conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                                resumed.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Box::new(StreamOwned::new(conn, sock))
                         }
                         None => Box::new(sock),
                     };
