@@ -387,14 +387,13 @@ async fn serve_stream(
         }
     };
 
-    // The body of a GET or HEAD is read (and discarded) within the body
-    // limits, so that h2 checks it: content-length against the DATA
-    // received, trailers without pseudo-headers (RFC 9113 §8.1.1). Any
-    // other request is refused (405, 421, 414…) without waiting for its
-    // body, which may never end (CONNECT): h2 resets the stream with
-    // NO_ERROR once the answer is sent (RFC 9113 §8.1).
-    let waits_for_body = early.is_none() && matches!(method, Method::Get | Method::Head);
-    let refused = if body.is_end_stream() || !waits_for_body {
+    // A body is read (and discarded) within the body limits whatever the
+    // method, so that h2 checks it: content-length against the DATA
+    // received, trailers without pseudo-headers (RFC 9113 §8.1.1); and
+    // because curl 7.88 takes an answer that comes before the body ended
+    // (then a reset with NO_ERROR, as RFC 9113 §8.1 asks) for an error.
+    // Not CONNECT's, which never ends (a tunnel's bytes): 405 at once.
+    let refused = if body.is_end_stream() || method == Method::Connect {
         None
     } else {
         drain(body, cx).await.err().map(Reply::text)
