@@ -76,6 +76,13 @@ pub struct Pool {
     pool_label: PoolLabel,
 }
 
+/// A server's state carried over a reload.
+#[derive(Clone, Copy)]
+struct Learnt {
+    check_ok: bool,
+    down_until_ms: u64,
+}
+
 /// A connection checked out for one exchange; counts as in flight.
 pub(crate) struct Lease<'p> {
     pool: &'p Pool,
@@ -93,12 +100,16 @@ impl Drop for Lease<'_> {
 
 impl Pool {
     /// Builds the pool (its TLS client configuration included) for
-    /// `workers` worker threads.
+    /// `workers` worker threads. A server that `previous` (the pool of
+    /// the same name before a reload) has too keeps what was learnt of it:
+    /// its health check's verdict (when the new pool checks too) and its
+    /// passive mark, so a reload sends no request to a server known down.
     pub fn new(
         origin: &str,
         cfg: &Upstream,
         workers: usize,
         metrics: &ProxyMetrics,
+        previous: Option<&Pool>,
     ) -> Result<Pool, ConfigError> {
         let tls = match &cfg.tls {
             Some(t) => {
@@ -109,6 +120,7 @@ impl Pool {
             None => None,
         };
         let slots = workers.max(1) + 2;
+        let epoch = Instant::now();
         let servers = cfg
             .servers
             .iter()
@@ -117,15 +129,18 @@ impl Pool {
                     pool: cfg.name.clone(),
                     server: s.address.clone(),
                 };
+                let known = previous.and_then(|p| p.learnt(&s.address, epoch));
+                let check_ok = cfg.health_check.is_none() || known.is_none_or(|k| k.check_ok);
+                let down_until_ms = known.map_or(0, |k| k.down_until_ms);
                 let healthy_gauge = metrics.healthy.get_or_create(&labels).clone();
-                healthy_gauge.set(1);
+                healthy_gauge.set(i64::from(check_ok && down_until_ms == 0));
                 Server {
                     addr: RwLock::new(s.addr),
                     cfg: s.clone(),
                     in_flight: AtomicUsize::new(0),
                     fails: AtomicU32::new(0),
-                    down_until_ms: AtomicU64::new(0),
-                    check_ok: AtomicBool::new(true),
+                    down_until_ms: AtomicU64::new(down_until_ms),
+                    check_ok: AtomicBool::new(check_ok),
                     idle: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
                     open: metrics.connections_open.get_or_create(&labels).clone(),
                     idle_gauge: metrics.connections_idle.get_or_create(&labels).clone(),
@@ -146,7 +161,7 @@ impl Pool {
             cfg: cfg.clone(),
             servers,
             tls,
-            epoch: Instant::now(),
+            epoch,
             metrics: metrics.clone(),
             pool_label: PoolLabel {
                 pool: cfg.name.clone(),
@@ -157,6 +172,26 @@ impl Pool {
     /// The pool's name.
     pub fn name(&self) -> &str {
         &self.cfg.name
+    }
+
+    /// What this pool knows of the server configured as `address`, for a
+    /// pool whose clock starts at `epoch`.
+    fn learnt(&self, address: &str, epoch: Instant) -> Option<Learnt> {
+        let s = self.servers.iter().find(|s| s.cfg.address == address)?;
+        let until = s.down_until_ms.load(Ordering::Relaxed);
+        let down_until_ms =
+            if until == 0 {
+                0
+            } else {
+                let at = self.epoch + Duration::from_millis(until);
+                // Rounded up: a mark never ends early (0 would mean none).
+                u64::try_from(at.saturating_duration_since(epoch).as_millis())
+                    .map_or(u64::MAX, |ms| if ms == 0 { 0 } else { ms + 1 })
+            };
+        Some(Learnt {
+            check_ok: s.check_ok.load(Ordering::Relaxed),
+            down_until_ms,
+        })
     }
 
     fn now_ms(&self) -> u64 {
@@ -401,15 +436,23 @@ pub struct Pools {
 }
 
 impl Pools {
-    /// Builds the pools of `config` (none when it has no `[[upstream]]`).
+    /// Builds the pools of `config` (none when it has no `[[upstream]]`);
+    /// on a reload, `previous` are the running ones, whose servers' states
+    /// carry over (see [`Pool::new`]).
     pub fn build(
         config: &tlsgate_config::Config,
         metrics: &ProxyMetrics,
+        previous: Option<&Pools>,
     ) -> Result<Pools, ConfigError> {
         let pools = config
             .upstreams
             .iter()
-            .map(|u| Pool::new(&config.origin, u, config.workers, metrics).map(Arc::new))
+            .map(|u| {
+                let before = previous
+                    .and_then(|p| p.pools.iter().find(|p| p.cfg.name == u.name))
+                    .map(|p| &**p);
+                Pool::new(&config.origin, u, config.workers, metrics, before).map(Arc::new)
+            })
             .collect::<Result<_, _>>()?;
         Ok(Pools { pools })
     }

@@ -46,15 +46,18 @@ impl Generation {
 
 /// Builds a generation from `config` and the certificates of each of its
 /// listeners (loaded and checked against their keys by the key holder),
-/// checking what a config file cannot show by itself: roots open.
+/// checking what a config file cannot show by itself: roots open. On a
+/// reload `previous` is the running generation (its servers' health
+/// carries over).
 pub fn build(
     config: Config,
     certs: Vec<Vec<LoadedCert>>,
     tickets: &TicketCache,
     proxy_metrics: &ProxyMetrics,
+    previous: Option<&Generation>,
 ) -> Result<Generation, StartError> {
     let origin = config.origin.clone();
-    let pools = Pools::build(&config, proxy_metrics)?;
+    let pools = Pools::build(&config, proxy_metrics, previous.map(|g| &g.pools))?;
     let ticket_keys = tickets.get(&config.tls.tickets).map_err(|e| {
         let key = match config.tls.tickets.key_file {
             Some(_) => "tls.ticket_key_file",

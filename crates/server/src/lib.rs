@@ -133,7 +133,13 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let keys = Keys::start(&config, launch)?;
     let certs = keys.certificates(&config, &[])?;
     let metrics = Metrics::new();
-    let gen = generation::build(config, certs, &TicketCache::checking(), &metrics.proxy)?;
+    let gen = generation::build(
+        config,
+        certs,
+        &TicketCache::checking(),
+        &metrics.proxy,
+        None,
+    )?;
     Ok(gen.config)
 }
 
@@ -175,7 +181,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let certs = keys.certificates(&config, &[])?;
     let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics);
-    let gen = generation::build(config, certs, &tickets, &metrics.proxy)?;
+    let gen = generation::build(config, certs, &tickets, &metrics.proxy, None)?;
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -310,8 +316,9 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         .load()
         .map_err(StartError::from)
         .and_then(|c| {
-            let certs = keys.certificates(&c, &shared.current.load().key_ids)?;
-            generation::build(c, certs, tickets, &shared.metrics.proxy)
+            let running = shared.current.load();
+            let certs = keys.certificates(&c, &running.key_ids)?;
+            generation::build(c, certs, tickets, &shared.metrics.proxy, Some(&running))
         })
         .and_then(|new| {
             let old = shared.current.load();

@@ -1017,6 +1017,36 @@ fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() 
     }
 }
 
+/// A reload keeps what the health checks learnt: a server found down
+/// stays out in the new generation, instead of taking requests until its
+/// new checker has failed `fall` times again.
+#[test]
+fn a_reload_keeps_a_server_found_down_out_of_service() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    a.healthy.store(false, Ordering::Relaxed);
+    let pools = pool(
+        "app",
+        &[(a.address(), 1), (b.address(), 1)],
+        "",
+        "[upstream.health_check]\npath = \"/health\"\ninterval = \"1s\"\nfall = 2\n",
+    );
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let down = format!(
+        "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 0",
+        a.address()
+    );
+    server.expect_metric_line(&down);
+    server.signal("HUP");
+    server.wait_log("reloaded configuration from", Duration::from_secs(5));
+    // The new generation's checker needs two failures (a second or more)
+    // to find it again; until then only what was learnt keeps it out.
+    let seen = count_ids(&server, "/id", 20);
+    assert_eq!(seen.get("b"), Some(&20), "{seen:?}");
+    assert!(server.admin_get("/metrics").contains(&down));
+}
+
 #[test]
 fn sighup_changes_a_pool_while_a_client_loops_without_a_failure() {
     let fx = Fixture::new();
