@@ -157,7 +157,7 @@ pub struct HandshakeSlot {
 /// The source a client address counts as: its first `v4` or `v6` bits.
 /// IPv4 sources live in the IPv4-mapped range `::ffff:0:0/96`, which no
 /// IPv6 source reaches since mapped addresses are taken as IPv4.
-fn source_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
+pub(crate) fn source_key(ip: IpAddr, v4: u8, v6: u8) -> u128 {
     match ip.to_canonical() {
         IpAddr::V4(a) => {
             let mask = u32::MAX

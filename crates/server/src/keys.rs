@@ -53,6 +53,11 @@ impl Keys {
     /// threaded still: no thread runs until [`Keys::start_threads`].
     pub(crate) fn start(config: &Config, launch: &Launch) -> Result<Keys, StartError> {
         if !config.keys.isolation {
+            // A measuring switch: say so, where an operator will see it.
+            tracing::warn!(
+                "server.key_isolation = false: private keys are in the processes that talk to the network; \
+                 meant for measuring what isolation costs, not for serving"
+            );
             return Ok(Keys::InProcess(SelfSignedCache::default()));
         }
         let client = KeyClient::spawn(&worker_args(launch), config.keys.timeout)?;

@@ -1,5 +1,7 @@
 //! Connection limits checked at accept, before any TLS work: a cap on open
-//! connections overall and per source address.
+//! connections overall and per source: an address's first
+//! `limits.source_prefix_v4`/`_v6` bits, as for the handshake limits (an
+//! IPv6 host usually has a whole /64 to pick addresses from).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -10,7 +12,8 @@ use std::sync::{Arc, Mutex};
 #[derive(Debug, Default)]
 pub struct ConnLimiter {
     total: AtomicUsize,
-    per_ip: Mutex<HashMap<IpAddr, usize>>,
+    /// Open connections by source key ([`crate::flood::source_key`]).
+    per_source: Mutex<HashMap<u128, usize>>,
 }
 
 /// Why a connection was refused.
@@ -36,23 +39,26 @@ impl Refusal {
 #[derive(Debug)]
 pub struct Permit {
     limiter: Arc<ConnLimiter>,
-    ip: IpAddr,
+    source: u128,
 }
 
 impl ConnLimiter {
-    /// Takes a permit for a connection from `ip`, or says which limit refuses it.
+    /// Takes a permit for a connection from `ip`, or says which limit
+    /// refuses it; `prefixes` are the IPv4 and IPv6 bits that make a source.
     pub fn try_acquire(
         self: &Arc<Self>,
         ip: IpAddr,
         max_total: usize,
         max_per_ip: usize,
+        prefixes: (u8, u8),
     ) -> Result<Permit, Refusal> {
         if self.total.fetch_add(1, Ordering::AcqRel) >= max_total {
             self.total.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Total);
         }
-        let mut map = self.per_ip.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(ip).or_insert(0);
+        let source = crate::flood::source_key(ip, prefixes.0, prefixes.1);
+        let mut map = self.per_source.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(source).or_insert(0);
         if *n >= max_per_ip {
             drop(map);
             self.total.fetch_sub(1, Ordering::AcqRel);
@@ -61,7 +67,7 @@ impl ConnLimiter {
         *n += 1;
         Ok(Permit {
             limiter: self.clone(),
-            ip,
+            source,
         })
     }
 
@@ -76,13 +82,13 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let mut map = self
             .limiter
-            .per_ip
+            .per_source
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.ip) {
+        if let Some(n) = map.get_mut(&self.source) {
             *n -= 1;
             if *n == 0 {
-                map.remove(&self.ip);
+                map.remove(&self.source);
             }
         }
         drop(map);
@@ -100,14 +106,33 @@ mod tests {
         let l = Arc::new(ConnLimiter::default());
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let p1 = l.try_acquire(a, 3, 2).unwrap();
-        let _p2 = l.try_acquire(a, 3, 2).unwrap();
-        assert_eq!(l.try_acquire(a, 3, 2).unwrap_err(), Refusal::PerIp);
-        let _p3 = l.try_acquire(b, 3, 2).unwrap();
-        assert_eq!(l.try_acquire(b, 3, 2).unwrap_err(), Refusal::Total);
+        const P: (u8, u8) = (32, 64);
+        let p1 = l.try_acquire(a, 3, 2, P).unwrap();
+        let _p2 = l.try_acquire(a, 3, 2, P).unwrap();
+        assert_eq!(l.try_acquire(a, 3, 2, P).unwrap_err(), Refusal::PerIp);
+        let _p3 = l.try_acquire(b, 3, 2, P).unwrap();
+        assert_eq!(l.try_acquire(b, 3, 2, P).unwrap_err(), Refusal::Total);
         drop(p1);
         assert_eq!(l.open(), 2);
-        let _p4 = l.try_acquire(a, 3, 2).unwrap();
+        let _p4 = l.try_acquire(a, 3, 2, P).unwrap();
         assert_eq!(l.open(), 3);
+    }
+
+    #[test]
+    fn an_ipv6_host_is_one_source_whatever_address_of_its_64_it_uses() {
+        let l = Arc::new(ConnLimiter::default());
+        const P: (u8, u8) = (32, 64);
+        let _held: Vec<Permit> = (1..=2u16)
+            .map(|i| {
+                let ip: IpAddr = format!("2001:db8:1:2::{i:x}").parse().unwrap();
+                l.try_acquire(ip, 100, 2, P).unwrap()
+            })
+            .collect();
+        let third: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        assert_eq!(l.try_acquire(third, 100, 2, P).unwrap_err(), Refusal::PerIp);
+        let next_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert!(l.try_acquire(next_64, 100, 2, P).is_ok());
+        // Per address with a /128.
+        assert!(l.try_acquire(third, 100, 2, (32, 128)).is_ok());
     }
 }

@@ -61,11 +61,29 @@ impl RefusalWarnings {
             source = %source,
             limit = key,
             refused = n,
-            "connections refused before their handshake by [limits] {key} ({n} since the last such warning, \
-             this one from {source}); if that source is a proxy, a load balancer or a benchmark client, \
-             raise {key} in [limits] or set it to 0 (off): see docs/config.md"
+            "connections refused before their handshake by [limits] {key}, this one from {source} \
+             ({n} refused by any limit since the last such warning); {}: see docs/config.md",
+            advice(key)
         );
         Some(n)
+    }
+}
+
+/// How to let more through, as the key allows (some take 0 for off,
+/// some count the whole server rather than one source).
+fn advice(key: &str) -> &'static str {
+    match key {
+        "handshake_rate_per_source" | "max_handshakes_per_source" => {
+            "if that source is a proxy, a load balancer or a benchmark client, raise the key or set it to 0 (off)"
+        }
+        "max_connections_per_ip" => {
+            "if that source is a proxy, a load balancer or a benchmark client, raise the key (an IPv4 address or IPv6 /64 is one source, see source_prefix_v4/_v6)"
+        }
+        "max_handshakes_in_progress" => {
+            "the server as a whole is at that limit: raise it, or set it to 0 (off), if the machine has room"
+        }
+        // max_connections, max_tracked_sources: whole-server caps, never off.
+        _ => "the server as a whole is at that limit: raise it if the machine has room",
     }
 }
 
@@ -85,5 +103,26 @@ mod tests {
         w.next_ms.store(0, Ordering::Relaxed);
         assert_eq!(w.refused(ip, "max_connections_per_ip"), Some(100));
         assert_eq!(w.refused(ip, "max_connections_per_ip"), None);
+    }
+
+    #[test]
+    fn the_advice_is_one_the_key_takes() {
+        // Only these take 0 (off); the others are refused at 0 by check-config.
+        for key in [
+            "handshake_rate_per_source",
+            "max_handshakes_per_source",
+            "max_handshakes_in_progress",
+        ] {
+            assert!(advice(key).contains("0 (off)"), "{key}");
+        }
+        for key in [
+            "max_connections",
+            "max_connections_per_ip",
+            "max_tracked_sources",
+        ] {
+            assert!(!advice(key).contains("0 (off)"), "{key}");
+        }
+        assert!(advice("max_connections").contains("server as a whole"));
+        assert!(advice("max_connections_per_ip").contains("source"));
     }
 }

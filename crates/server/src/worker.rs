@@ -162,7 +162,15 @@ fn admit(shared: &Shared, ip: IpAddr) -> Result<(Permit, HandshakeSlot), &'stati
     let limits = &gen.config.limits;
     let permit = shared
         .limiter
-        .try_acquire(ip, limits.max_connections, limits.max_connections_per_ip)
+        .try_acquire(
+            ip,
+            limits.max_connections,
+            limits.max_connections_per_ip,
+            (
+                limits.handshake.source_prefix_v4,
+                limits.handshake.source_prefix_v6,
+            ),
+        )
         .map_err(|r| r.reason())?;
     let slot = shared
         .handshakes

@@ -342,6 +342,11 @@ fn no_private_key_in_the_network_process_memory_and_the_search_finds_one_in_proc
         children(inproc.pid()).is_empty(),
         "no key process without isolation"
     );
+    // And it says so: the switch is for measuring.
+    inproc.wait_log(
+        "server.key_isolation = false: private keys are in the processes that talk to the network",
+        Duration::from_secs(5),
+    );
     let found = search_memory(inproc.pid(), &wanted);
     eprintln!("key server holds: {in_keys:?}\nin-process server holds: {found:?}");
     assert!(
