@@ -125,16 +125,23 @@ impl<R> Router<R> {
     }
 }
 
-/// `want` is lower case, exact or `*.suffix` (one or more labels).
+/// `want` is lower case, exact or `*.suffix`. A wildcard covers exactly
+/// one label, as in certificates (RFC 6125 §6.4.3) and their lookup by
+/// SNI: a route's wildcard must take no name that the certificate entry
+/// of the same wildcard does not, or a host under it could escape that
+/// entry's client certificate policy.
 fn name_matches(want: &str, got: &[u8]) -> bool {
     let got = got.strip_suffix(b".").unwrap_or(got);
     match want.strip_prefix('*') {
-        Some(suffix) => {
-            got.len() > suffix.len()
-                && got
-                    .get(got.len() - suffix.len()..)
-                    .is_some_and(|tail| tail.eq_ignore_ascii_case(suffix.as_bytes()))
-        }
+        Some(suffix) => got
+            .len()
+            .checked_sub(suffix.len())
+            .and_then(|at| got.split_at_checked(at))
+            .is_some_and(|(label, tail)| {
+                !label.is_empty()
+                    && !label.contains(&b'.')
+                    && tail.eq_ignore_ascii_case(suffix.as_bytes())
+            }),
         None => got.eq_ignore_ascii_case(want.as_bytes()),
     }
 }
@@ -207,6 +214,15 @@ mod tests {
         );
         assert_eq!(
             find(&r, "example.com", None, "/api").as_deref(),
+            Some("api")
+        );
+        // One label, as a certificate's wildcard.
+        assert_eq!(
+            find(&r, "x.z.example.com", None, "/api").as_deref(),
+            Some("api")
+        );
+        assert_eq!(
+            find(&r, ".example.com", None, "/api").as_deref(),
             Some("api")
         );
         assert_eq!(

@@ -202,16 +202,16 @@ impl TlsContext {
     /// for `sni`. Not when the two names fall under different client
     /// certificate policies: a client must not reach a name that requires
     /// a certificate through the handshake of one that does not (it gets
-    /// 421 and a new connection makes the right handshake). A host that no
-    /// certificate of the listener names, under `unknown_sni = "reject"`,
-    /// has no policy of its own and fits any connection.
+    /// 421 and a new connection makes the right handshake). Nor, under
+    /// `unknown_sni = "reject"`, a host that no certificate of the
+    /// listener names: no handshake could have been made for it.
     pub fn host_fits(&self, sni: Option<&str>, host: &[u8]) -> bool {
         if self.configs.len() < 2 {
             return true;
         }
         let name = String::from_utf8_lossy(host);
         let Some(wanted) = self.store.lookup(Some(&name)) else {
-            return true;
+            return false;
         };
         self.store
             .lookup(sni)

@@ -263,7 +263,9 @@ fn a_host_under_another_client_auth_policy_is_misdirected() {
     let extra = format!(
         "[[listener.certificate]]\ncert = {c:?}\nkey = {k:?}\nnames = [\"secure.test\"]\nclient_auth = \"required\"\nclient_ca = {ca:?}\n\n\
          [[listener.certificate]]\ncert = {c:?}\nkey = {k:?}\nnames = [\"open.test\"]\n\n\
-         [[listener.route]]\nhost = \"secure.test\"\nroot = {secret_root:?}\n",
+         [[listener.certificate]]\ncert = {c:?}\nkey = {k:?}\nnames = [\"*.corp.test\"]\nclient_auth = \"required\"\nclient_ca = {ca:?}\n\n\
+         [[listener.route]]\nhost = \"secure.test\"\nroot = {secret_root:?}\n\n\
+         [[listener.route]]\nhost = \"*.corp.test\"\nroot = {secret_root:?}\n",
         c = fx.cert.cert,
         k = fx.cert.key,
         ca = p.ca,
@@ -320,6 +322,12 @@ fn a_host_under_another_client_auth_policy_is_misdirected() {
     // The secret root is what the 421s kept back.
     let ok = curl_as(&server, "secure.test", Some(&p.good), &[]);
     assert_eq!(String::from_utf8_lossy(&ok.stdout), "secret\n");
+    // A wildcard covers one label in routes as in certificates: a host
+    // two labels deep under *.corp.test is no name of that entry (the
+    // default's policy), and no route of it either.
+    assert_eq!(status("open.test", None, "a.corp.test", &[]), "421");
+    let deep = curl_as(&server, "open.test", None, &["-H", "Host: a.b.corp.test"]);
+    assert_eq!(String::from_utf8_lossy(&deep.stdout), HELLO);
     // No SNI at all (an IP address): the default name's policy.
     let out = Command::new("curl")
         .args([
