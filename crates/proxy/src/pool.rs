@@ -131,7 +131,13 @@ impl Pool {
                 };
                 let known = previous.and_then(|p| p.learnt(&s.address, epoch));
                 let check_ok = cfg.health_check.is_none() || known.is_none_or(|k| k.check_ok);
-                let down_until_ms = known.map_or(0, |k| k.down_until_ms);
+                // A mark lasts no longer than the new fail_timeout, and
+                // none is kept where passive checks are now off.
+                let longest = u64::try_from(cfg.fail_timeout.as_millis()).unwrap_or(u64::MAX);
+                let down_until_ms = match known {
+                    Some(k) if cfg.max_fails > 0 => k.down_until_ms.min(longest),
+                    _ => 0,
+                };
                 let healthy_gauge = metrics.healthy.get_or_create(&labels).clone();
                 healthy_gauge.set(i64::from(check_ok && down_until_ms == 0));
                 Server {
@@ -214,23 +220,26 @@ impl Pool {
     /// and Envoy's panic threshold balances over all hosts.
     pub(crate) fn choose(&self, tried: &[usize], key: Option<u64>) -> Option<Lease<'_>> {
         let now = self.now_ms();
-        let candidates = |heed_marks: bool| -> Vec<Candidate> {
-            self.servers
-                .iter()
-                .enumerate()
-                .map(|(i, s)| Candidate {
-                    usable: !tried.contains(&i)
-                        && s.check_ok.load(Ordering::Relaxed)
-                        && (!heed_marks || s.down_until_ms.load(Ordering::Relaxed) <= now),
-                    weight: s.cfg.weight,
-                    in_flight: s.in_flight.load(Ordering::Relaxed),
-                })
-                .collect()
-        };
-        let server = self
-            .balancer
-            .pick(&candidates(true), key)
-            .or_else(|| self.balancer.pick(&candidates(false), key))?;
+        let unmarked = |s: &Server| s.down_until_ms.load(Ordering::Relaxed) <= now;
+        // Marks are heeded while any checked server is unmarked, tried
+        // or not: a retry never goes to a server known to fail.
+        let heed_marks = self
+            .servers
+            .iter()
+            .any(|s| s.check_ok.load(Ordering::Relaxed) && unmarked(s));
+        let candidates: Vec<Candidate> = self
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Candidate {
+                usable: !tried.contains(&i)
+                    && s.check_ok.load(Ordering::Relaxed)
+                    && (!heed_marks || unmarked(s)),
+                weight: s.cfg.weight,
+                in_flight: s.in_flight.load(Ordering::Relaxed),
+            })
+            .collect();
+        let server = self.balancer.pick(&candidates, key)?;
         let s = self.servers.get(server)?;
         s.in_flight.fetch_add(1, Ordering::Relaxed);
         Some(Lease {
@@ -469,5 +478,63 @@ impl Pools {
     pub fn start_background_tasks(&self) -> std::io::Result<()> {
         crate::health::start(&self.pools)?;
         crate::resolve::start(&self.pools)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A pool `app` of three servers (not listening: never connected to
+    /// here) with `keys`, and the running pool `previous` if any.
+    fn pool(keys: &str, previous: Option<&Pool>) -> Pool {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[[upstream]]\nname = \"app\"\n{keys}\n\
+                 [[upstream.server]]\naddress = \"127.0.0.1:1\"\n\
+                 [[upstream.server]]\naddress = \"127.0.0.1:2\"\n\
+                 [[upstream.server]]\naddress = \"127.0.0.1:3\"\n\
+                 [[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"/tmp\"\nself_signed = true\n"
+            ),
+        )
+        .unwrap();
+        let config = tlsgate_config::load(Some(&path), &Default::default(), dir.path()).unwrap();
+        let metrics = tlsgate_metrics::Metrics::new().proxy;
+        Pool::new("t", &config.upstreams[0], 1, &metrics, previous).unwrap()
+    }
+
+    fn mark(p: &Pool, i: usize) {
+        p.failed(i, Failure::Connect);
+    }
+
+    #[test]
+    fn marks_are_heeded_on_retries_and_ignored_only_when_all_are_marked() {
+        let p = pool("max_fails = 1", None);
+        mark(&p, 0);
+        // Retries after 1 and 2 failed: never to 0, which is marked.
+        assert!(p.choose(&[1, 2], None).is_none());
+        assert!(p.choose(&[1], None).is_some_and(|l| l.server == 2));
+        // Every server marked: they are tried anyway.
+        mark(&p, 1);
+        mark(&p, 2);
+        let l = p.choose(&[], None).unwrap();
+        assert!(l.server < 3);
+    }
+
+    #[test]
+    fn a_reload_keeps_marks_no_longer_than_the_new_fail_timeout() {
+        let old = pool("max_fails = 1\nfail_timeout = \"1h\"", None);
+        mark(&old, 0);
+        let kept = pool("max_fails = 1\nfail_timeout = \"5s\"", Some(&old));
+        let until = kept.servers[0].down_until_ms.load(Ordering::Relaxed);
+        assert!((1..=5_000).contains(&until), "{until}");
+        assert!(!kept.in_service(0) && kept.in_service(1));
+        // Passive checks turned off: no mark survives.
+        let off = pool("max_fails = 0", Some(&old));
+        assert!(off.in_service(0));
     }
 }

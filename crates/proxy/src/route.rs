@@ -3,7 +3,8 @@
 //! prefix wins, then a route naming a host or SNI over one that does not,
 //! then the first in the file. Prefixes match at segment boundaries:
 //! `/api` takes `/api` and `/api/x`, not `/apix`; and they match the
-//! normalised path (`/api/../admin` is `/admin`, see [`crate::path`]).
+//! path as any of its readers could take it (`/api/../admin` and
+//! `/x%2f..%2fadmin` are `/admin`, see [`crate::path::route_view`]).
 
 use std::sync::Arc;
 
@@ -92,7 +93,7 @@ impl<R> Router<R> {
         }
         // A path climbing above `/` is refused wherever it goes (400 from
         // the file lookup or the forwarder): its raw form is matched.
-        let normal = crate::path::normalize(path);
+        let normal = crate::path::route_view(path);
         let path: &[u8] = normal.as_deref().unwrap_or(path);
         let host = host.map(host_without_port);
         let mut best: Option<(&Entry<R>, usize, bool)> = None;

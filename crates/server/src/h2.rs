@@ -351,9 +351,13 @@ async fn serve_stream(
     // (414) and the number of fields (431), before the request goes
     // anywhere.
     let limits = &cx.gen.config.limits;
+    // Browsers send each cookie as a field of its own over h2 (RFC 9113
+    // §8.2.3): they count as the one Cookie line HTTP/1.1 would carry.
+    let cookies = h.get_all(header::COOKIE).iter().count();
+    let fields = h.len() - cookies + usize::from(cookies > 0);
     let over_limit = if target.len() > limits.max_uri_bytes {
         Some(414)
-    } else if h.len() > limits.max_headers {
+    } else if fields > limits.max_headers {
         Some(431)
     } else {
         None

@@ -799,17 +799,24 @@ fn dot_segments_cannot_lead_a_request_around_its_route() {
         "/id/../hello.txt",
         "/id/%2e%2E/hello.txt",
         "/id/x/../../hello.txt",
+        // The file lookup decodes %2F: so do routes.
+        "/id%2f..%2fhello.txt",
     ] {
         let answer = exchange(target);
         assert_eq!(common::statuses(&answer), [200], "{target}: {answer}");
         assert!(answer.ends_with(HELLO), "{target}: {answer}");
     }
+    // `..;` is `..` to Tomcat: out of the route (a name to the files).
+    let answer = exchange("/id/..;/hello.txt");
+    assert_eq!(common::statuses(&answer), [404], "{answer}");
     assert_eq!(a.requests.load(Ordering::Relaxed), 0);
     // Into the route: forwarded with the path it was routed by.
     for (target, upstream_sees) in [
         ("/x/../id", "GET /id HTTP/1.1"),
         ("//id", "GET /id HTTP/1.1"),
         ("/./id?q=/../x", "GET /id?q=/../x HTTP/1.1"),
+        ("/%69d", "GET /id HTTP/1.1"),
+        ("/x/..;/id", "GET /id HTTP/1.1"),
     ] {
         let answer = exchange(target);
         assert_eq!(common::statuses(&answer), [200], "{target}: {answer}");
@@ -817,9 +824,25 @@ fn dot_segments_cannot_lead_a_request_around_its_route() {
         let head = a.last_head.lock().unwrap().clone();
         assert!(head.starts_with(upstream_sees), "{target}: {head}");
     }
+    // Taken by the route for what a server could read them as (`;params`
+    // dropped as Tomcat does, %2F and `\` as separators), forwarded as
+    // sent: the test upstream, which decodes nothing, answers 404.
+    for target in ["/id;v=1", "/x%2F..%2Fid", "/x\\..\\id"] {
+        let before = a.requests.load(Ordering::Relaxed);
+        let answer = exchange(target);
+        assert_eq!(common::statuses(&answer), [404], "{target}: {answer}");
+        assert_eq!(a.requests.load(Ordering::Relaxed), before + 1, "{target}");
+        let head = a.last_head.lock().unwrap().clone();
+        assert!(
+            head.starts_with(&format!("GET {target} ")),
+            "{target}: {head}"
+        );
+    }
     let before = a.requests.load(Ordering::Relaxed);
-    let answer = exchange("/id/../../etc/passwd");
-    assert_eq!(common::statuses(&answer), [400], "{answer}");
+    for target in ["/id/../../etc/passwd", "/id/x%2f..%2f..%2f..%2fetc"] {
+        let answer = exchange(target);
+        assert_eq!(common::statuses(&answer), [400], "{target}: {answer}");
+    }
     // Over h2, the same: curl sends the path as it is given.
     let h2 = Command::new("curl")
         .args(["-sS", "-k", "--http2", "--path-as-is", "--max-time", "20"])
