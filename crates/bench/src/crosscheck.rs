@@ -159,8 +159,13 @@ pub fn parse_s_time(out: &str) -> Option<(u64, f64)> {
     })
 }
 
-/// "N requests in 3.00s, …" from `wrk`.
+/// "N requests in 3.00s, …" from `wrk`; `None` also when it reports
+/// answers that were not 2xx or 3xx (a refused or broken run is no
+/// figure).
 pub fn parse_wrk(out: &str) -> Option<(u64, f64)> {
+    if out.contains("Non-2xx or 3xx responses") {
+        return None;
+    }
     out.lines().find_map(|l| {
         let mut w = l.split_whitespace();
         let n = w.next()?.parse().ok()?;
@@ -264,45 +269,48 @@ pub fn run(
                 bench_busy,
             ),
         ));
-        // Keep-alive transfers of 64 KiB over 100 connections.
-        let mut cmd = tool_command(client, "wrk");
-        cmd.arg("-t1")
-            .arg(format!("-c{WRK_CONNECTIONS}"))
-            .arg(format!("-d{secs}s"))
-            .arg(format!("https://127.0.0.1:{port}{medium}"));
-        let (tool, tool_busy) = on_core(client, || run_tools(&target, vec![cmd], "wrk"));
-        let (outs, cpu) = tool?;
-        let (n, t) = sum_runs(&outs, parse_wrk, "wrk")?;
-        let (same_load, bench_busy) = on_core(client, || {
-            Runner::measure(
-                &mut target,
-                "crosscheck",
-                "transfer like wrk",
-                0,
-                Job::Transfer(TransferJob {
-                    addr,
-                    server_name: SERVER_NAME.into(),
-                    profile,
-                    path: medium.clone(),
-                    connections: WRK_CONNECTIONS,
-                    window,
-                    cores: opts.placement.client_cores.clone(),
-                }),
-            )
-        });
-        let same_load = same_load?;
-        rows.push(row(
-            results,
-            *kind,
-            ("transfer", "64k"),
-            format!("wrk -t1 -c{WRK_CONNECTIONS}"),
-            (n, t, cpu, tool_busy),
-            (
-                same_load.server_cpu_us_per_op,
-                format!("{WRK_CONNECTIONS} keep-alive connections"),
-                bench_busy,
-            ),
-        ));
+        // Keep-alive transfers of 1 KiB (issue 19's small requests) and
+        // 64 KiB over 100 connections.
+        for (size, path) in [("1k", &small), ("64k", &medium)] {
+            let mut cmd = tool_command(client, "wrk");
+            cmd.arg("-t1")
+                .arg(format!("-c{WRK_CONNECTIONS}"))
+                .arg(format!("-d{secs}s"))
+                .arg(format!("https://127.0.0.1:{port}{path}"));
+            let (tool, tool_busy) = on_core(client, || run_tools(&target, vec![cmd], "wrk"));
+            let (outs, cpu) = tool?;
+            let (n, t) = sum_runs(&outs, parse_wrk, "wrk")?;
+            let (same_load, bench_busy) = on_core(client, || {
+                Runner::measure(
+                    &mut target,
+                    "crosscheck",
+                    "transfer like wrk",
+                    0,
+                    Job::Transfer(TransferJob {
+                        addr,
+                        server_name: SERVER_NAME.into(),
+                        profile: profile.clone(),
+                        path: path.clone(),
+                        connections: WRK_CONNECTIONS,
+                        window,
+                        cores: opts.placement.client_cores.clone(),
+                    }),
+                )
+            });
+            let same_load = same_load?;
+            rows.push(row(
+                results,
+                *kind,
+                ("transfer", size),
+                format!("wrk -t1 -c{WRK_CONNECTIONS}"),
+                (n, t, cpu, tool_busy),
+                (
+                    same_load.server_cpu_us_per_op,
+                    format!("{WRK_CONNECTIONS} keep-alive connections"),
+                    bench_busy,
+                ),
+            ));
+        }
         drop(target);
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -352,5 +360,7 @@ mod tests {
             \x20 9262 requests in 3.02s, 579.22MB read\nRequests/sec:   3066.70\n";
         assert_eq!(parse_wrk(wrk), Some((9262, 3.02)));
         assert_eq!(parse_wrk("garbage"), None);
+        let refused = format!("{wrk}  Non-2xx or 3xx responses: 12\n");
+        assert_eq!(parse_wrk(&refused), None);
     }
 }
