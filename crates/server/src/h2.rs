@@ -144,6 +144,8 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                 hard_deadline = Some(tokio::time::Instant::now() + CLOSE_GRACE);
                 end = End::CutOff;
             }
+            // Only to run the loop again: its stall check is on now.
+            () = alarm.blocked.notified() => {}
             r = shutdown.changed(), if !draining => {
                 if r.is_err() || *shutdown.borrow() {
                     connection.graceful_shutdown();

@@ -927,6 +927,22 @@ fn resets_h2_makes_by_itself_are_counted_by_code() {
     );
 }
 
+/// The preface with the largest windows, then `n` GETs of `path` whose
+/// answers the caller never reads.
+fn unread_requests(n: u32, path: &str) -> Vec<u8> {
+    let mut frames = preface(&[(0x4, 0x7fff_ffff)]);
+    frames.extend(frame(
+        frame::WINDOW_UPDATE,
+        0,
+        0,
+        &0x7fff_0000u32.to_be_bytes(),
+    ));
+    for i in 0..n {
+        frames.extend(frame(frame::HEADERS, 0x5, 2 * i + 1, &get_block(path)));
+    }
+    frames
+}
+
 #[test]
 fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
     let (f, _huge) = fixture_with_huge();
@@ -934,22 +950,7 @@ fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
     rt().block_on(async {
         let tls = connect_h2(s.addr).await;
         let (_r, mut w) = tokio::io::split(tls);
-        // Big windows, then requests whose answers are never read.
-        let mut frames = preface(&[(0x4, 0x7fff_ffff)]);
-        frames.extend(frame(
-            frame::WINDOW_UPDATE,
-            0,
-            0,
-            &0x7fff_0000u32.to_be_bytes(),
-        ));
-        for i in 0..10u32 {
-            frames.extend(frame(
-                frame::HEADERS,
-                0x5,
-                2 * i + 1,
-                &get_block("/huge.bin"),
-            ));
-        }
+        let frames = unread_requests(10, "/huge.bin");
         w.write_all(&frames).await.unwrap();
         w.flush().await.unwrap();
         s.expect_metric_line("tlsgate_connections_open 1\n");
@@ -969,6 +970,46 @@ fn a_client_that_reads_nothing_is_closed_after_the_send_timeout() {
             "{text}"
         );
         // Served meanwhile and after.
+        assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).0, "200");
+    });
+}
+
+/// The connection's own send timeout, alone: 100 streams of 60 KiB, each
+/// granted whole at once (huge windows), so no stream waits; the client
+/// reads nothing through a 64 KiB receive buffer, and the connection is
+/// closed for its blocked writes (`reason="send"`), not a stream reset.
+/// (It stayed open, 10 MB queued, until `idle_timeout`: with no stream
+/// open the connection loop never looked at its blocked writes.)
+#[test]
+fn a_connection_whose_client_stops_reading_is_closed_by_its_own_timeout() {
+    let f = Fixture::new();
+    std::fs::write(f.root.join("60k.bin"), vec![7u8; 60 * 1024]).unwrap();
+    let s = flood_server(&f, "");
+    rt().block_on(async {
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        sock.set_recv_buffer_size(64 * 1024).unwrap();
+        sock.connect(&s.addr.into()).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let tcp = tokio::net::TcpStream::from_std(sock.into()).unwrap();
+        let tls = TlsConnector::from(tls_h2())
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .unwrap();
+        let (_r, mut w) = tokio::io::split(tls);
+        let frames = unread_requests(100, "/60k.bin");
+        w.write_all(&frames).await.unwrap();
+        w.flush().await.unwrap();
+        let t0 = Instant::now();
+        // send_timeout is 2 s.
+        let text = s.metrics_when(|t| t.contains("tlsgate_timeouts_total{reason=\"send\"} 1\n"));
+        assert!(
+            text.contains("tlsgate_timeouts_total{reason=\"send\"} 1\n"),
+            "{text}"
+        );
+        assert!(!text.contains("reason=\"h2_stream_send\""), "{text}");
+        assert!(t0.elapsed() < Duration::from_secs(12));
+        s.expect_metric_line("tlsgate_connections_open 0\n");
         assert_eq!(curl2(&s, &[&s.url("/hello.txt")]).0, "200");
     });
 }

@@ -87,6 +87,10 @@ pub(super) struct Alarm {
     tripped: Mutex<Option<&'static str>>,
     /// Wakes the connection loop when `tripped` is set.
     pub notify: Notify,
+    /// Wakes the connection loop when a write starts to wait for the
+    /// client, so that its stall check runs even with no stream open
+    /// (every response handed to h2, the client reading none of them).
+    pub blocked: Notify,
     /// Since when a write has been waiting for the client to read, and
     /// the bytes it has taken since then.
     blocked_since: Mutex<Option<(Instant, usize)>>,
@@ -121,7 +125,10 @@ impl Alarm {
     fn set_blocked(&self, blocked: bool) {
         let mut b = self.blocked_since.lock().unwrap_or_else(|e| e.into_inner());
         match (blocked, b.is_some()) {
-            (true, false) => *b = Some((Instant::now(), 0)),
+            (true, false) => {
+                *b = Some((Instant::now(), 0));
+                self.blocked.notify_one();
+            }
             (false, true) => *b = None,
             _ => {}
         }
