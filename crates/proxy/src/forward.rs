@@ -28,7 +28,7 @@ use tokio::time::timeout_at;
 
 use crate::conn::UpstreamConn;
 use crate::error::Failure;
-use crate::path::{normalize as normalize_path, AboveRoot};
+use crate::path::{normalize as normalize_path, BadPath};
 use crate::pool::{Lease, Pool};
 
 /// Bytes moved per read, each way.
@@ -391,9 +391,9 @@ where
     out
 }
 
-/// The upstream head of an HTTP/1.x request; `AboveRoot` for a path whose
-/// `..` climbs above `/`.
-fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, AboveRoot> {
+/// The upstream head of an HTTP/1.x request; `BadPath` for a path that
+/// is refused (see [`crate::path`]).
+fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
     let head = r.head;
     let target = head.target();
     // absolute-form: the upstream gets origin-form and the authority as Host.

@@ -32,6 +32,6 @@ pub use forward::{
     forward, forward_stream, BodyRefused, Downstream, Outcome, Request, RequestBody, Responder,
     SendError, StreamRequest, CLIENT_CLOSED,
 };
-pub use path::{normalize as normalize_path, AboveRoot};
+pub use path::{normalize as normalize_path, route_view, BadPath};
 pub use pool::{Pool, Pools};
 pub use route::{Entry, Router, Target};

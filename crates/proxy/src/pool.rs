@@ -220,21 +220,30 @@ impl Pool {
     /// and Envoy's panic threshold balances over all hosts.
     pub(crate) fn choose(&self, tried: &[usize], key: Option<u64>) -> Option<Lease<'_>> {
         let now = self.now_ms();
-        let unmarked = |s: &Server| s.down_until_ms.load(Ordering::Relaxed) <= now;
-        // Marks are heeded while any checked server is unmarked, tried
-        // or not: a retry never goes to a server known to fail.
-        let heed_marks = self
+        // One reading of each server's state (checked, unmarked), so that
+        // the choice below agrees with itself while other threads mark.
+        let states: Vec<(bool, bool)> = self
             .servers
             .iter()
-            .any(|s| s.check_ok.load(Ordering::Relaxed) && unmarked(s));
+            .map(|s| {
+                (
+                    s.check_ok.load(Ordering::Relaxed),
+                    s.down_until_ms.load(Ordering::Relaxed) <= now,
+                )
+            })
+            .collect();
+        // Marks are heeded while any checked server is unmarked, tried
+        // or not: a retry never goes to a server known to fail.
+        let heed_marks = states
+            .iter()
+            .any(|&(checked, unmarked)| checked && unmarked);
         let candidates: Vec<Candidate> = self
             .servers
             .iter()
+            .zip(&states)
             .enumerate()
-            .map(|(i, s)| Candidate {
-                usable: !tried.contains(&i)
-                    && s.check_ok.load(Ordering::Relaxed)
-                    && (!heed_marks || unmarked(s)),
+            .map(|(i, (s, &(checked, unmarked)))| Candidate {
+                usable: !tried.contains(&i) && checked && (!heed_marks || unmarked),
                 weight: s.cfg.weight,
                 in_flight: s.in_flight.load(Ordering::Relaxed),
             })

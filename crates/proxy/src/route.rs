@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tlsgate_config::{Route, RouteTarget};
 use tlsgate_http1::host_without_port;
 
+use crate::path::BadPath;
 use crate::pool::{Pool, Pools};
 
 /// Where a routed request goes: a pool, or a static root of type `R`.
@@ -86,15 +87,20 @@ impl<R> Router<R> {
         self.entries.is_empty()
     }
 
-    /// The route for a request, or `None` for the listener's own root.
-    pub fn find(&self, host: Option<&[u8]>, sni: Option<&str>, path: &[u8]) -> Option<&Entry<R>> {
+    /// The route for a request, or `None` for the listener's own root;
+    /// `BadPath` for a path that must be refused whatever its route (see
+    /// [`crate::path`]).
+    pub fn find(
+        &self,
+        host: Option<&[u8]>,
+        sni: Option<&str>,
+        path: &[u8],
+    ) -> Result<Option<&Entry<R>>, BadPath> {
         if self.entries.is_empty() {
-            return None;
+            return Ok(None);
         }
-        // A path climbing above `/` is refused wherever it goes (400 from
-        // the file lookup or the forwarder): its raw form is matched.
-        let normal = crate::path::route_view(path);
-        let path: &[u8] = normal.as_deref().unwrap_or(path);
+        let normal = crate::path::route_view(path)?;
+        let path: &[u8] = &normal;
         let host = host.map(host_without_port);
         let mut best: Option<(&Entry<R>, usize, bool)> = None;
         for e in &self.entries {
@@ -122,7 +128,7 @@ impl<R> Router<R> {
                 best = Some((e, len, specific));
             }
         }
-        best.map(|(e, _, _)| e)
+        Ok(best.map(|(e, _, _)| e))
     }
 }
 
@@ -159,6 +165,7 @@ fn prefix_matches(prefix: &[u8], path: &[u8]) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -181,6 +188,7 @@ mod tests {
 
     fn find(r: &Router<String>, host: &str, sni: Option<&str>, path: &str) -> Option<String> {
         r.find(Some(host.as_bytes()), sni, path.as_bytes())
+            .unwrap()
             .map(|e| match &e.target {
                 Target::Static(s) => s.clone(),
                 Target::Pool(_) => "pool".into(),
@@ -247,6 +255,9 @@ mod tests {
             find(&r, "x.test", Some("b.example.com"), "/api/%2E./b/1").as_deref(),
             Some("sni-b")
         );
+        // Paths its readers could disagree on: refused, whatever the route.
+        assert!(r.find(Some(b"x.test"), None, b"/x%2f..%2fapi").is_err());
+
         assert_eq!(find(&r, "x.test", None, "//api").as_deref(), Some("api"));
         assert_eq!(
             find(&r, "x.test", None, "/api/v2/../x").as_deref(),
@@ -254,5 +265,6 @@ mod tests {
         );
         let none = router(&[route(None, None, "/only", "o")]);
         assert_eq!(find(&none, "x", None, "/"), None);
+        assert!(none.find(Some(b"x"), None, b"/../only").is_err());
     }
 }

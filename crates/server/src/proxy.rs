@@ -50,8 +50,10 @@ pub(crate) fn route_to<'g>(cx: &HttpCtx<'g>, host: Option<&[u8]>, path: &[u8]) -
         }
     }
     match site.routes.find(host, cx.sni.as_deref(), path) {
-        None => Routed::Root(&site.root),
-        Some(e) => match &e.target {
+        // Its readers could disagree on it (see tlsgate_proxy::route_view).
+        Err(_) => Routed::Refused(400),
+        Ok(None) => Routed::Root(&site.root),
+        Ok(Some(e)) => match &e.target {
             Target::Static(root) => Routed::Root(root),
             Target::Pool(pool) => Routed::Pool(pool, e.max_body_bytes()),
         },
