@@ -517,6 +517,50 @@ fn validate_health(
 }
 
 /// A listener's routes, checked against the pools.
+/// A route's path prefix in the form requests are matched in (see
+/// tlsgate-proxy's `route_view`): escapes in upper case; no escape of an
+/// unreserved character, no `\`, `;`, empty or dot-segment, which no
+/// request path ever shows a route.
+fn route_prefix(path: &str) -> Result<String, &'static str> {
+    if path.contains(['\\', ';']) {
+        return Err("no '\\' or ';'");
+    }
+    let mut out = String::with_capacity(path.len());
+    let mut chars = path.chars();
+    while let Some(ch) = chars.next() {
+        if ch != '%' {
+            out.push(ch);
+            continue;
+        }
+        let (Some(hi), Some(lo)) = (chars.next(), chars.next()) else {
+            return Err("'%' followed by two hex digits");
+        };
+        let (Some(h), Some(l)) = (hi.to_digit(16), lo.to_digit(16)) else {
+            return Err("'%' followed by two hex digits");
+        };
+        let byte = u8::try_from(h * 16 + l).unwrap_or(0);
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            return Err("unreserved characters written as themselves, not escaped");
+        }
+        if matches!(byte, b'/' | b'\\') {
+            return Err("'/' rather than %2F or %5C");
+        }
+        out.push('%');
+        out.push(hi.to_ascii_uppercase());
+        out.push(lo.to_ascii_uppercase());
+    }
+    let inner = out.strip_prefix('/').unwrap_or(&out);
+    let inner = inner.strip_suffix('/').unwrap_or(inner);
+    if !inner.is_empty()
+        && inner
+            .split('/')
+            .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err("no empty, '.' or '..' segment");
+    }
+    Ok(out)
+}
+
 pub(crate) fn validate_routes(
     c: &Checker<'_>,
     listener_key: &str,
@@ -553,6 +597,12 @@ pub(crate) fn validate_routes(
                 format!("expected a path prefix starting with '/', found {path:?}"),
             ));
         }
+        let path = route_prefix(&path).map_err(|why| {
+            c.err(
+                key("path"),
+                format!("expected a path prefix in the form requests are matched in ({why}), found {path:?}"),
+            )
+        })?;
         let target = match (&r.upstream, &r.root) {
             (Some(name), None) => {
                 RouteTarget::Upstream(upstreams.iter().position(|u| &u.name == name).ok_or_else(
@@ -661,7 +711,7 @@ mod tests {
     fn pools_and_routes_are_validated_with_defaults() {
         let text = with(
             &format!("{}[upstream.health_check]\npath = \"/healthz\"\nrise = 1\n", pool("balance = \"weighted\"\n")),
-            "[[listener.route]]\nhost = \"App.Example.com\"\npath = \"/api\"\nupstream = \"app\"\n[[listener.route]]\npath = \"/static\"\nroot = \"other\"\nmax_body_bytes = 0\n",
+            "[[listener.route]]\nhost = \"App.Example.com\"\npath = \"/api\"\nupstream = \"app\"\n[[listener.route]]\npath = \"/static\"\nroot = \"other\"\nmax_body_bytes = 0\n[[listener.route]]\npath = \"/caf%c3%a9/\"\nupstream = \"app\"\n",
         );
         let c = load_text(&text).unwrap();
         let u = &c.upstreams[0];
@@ -683,6 +733,8 @@ mod tests {
         assert_eq!(r[0].max_body_bytes, c.limits.max_body_bytes);
         assert!(matches!(&r[1].target, RouteTarget::Root(p) if p.is_absolute()));
         assert_eq!(r[1].max_body_bytes, 0);
+        // Escapes in the case requests are matched in.
+        assert_eq!(r[2].path, "/caf%C3%A9/");
     }
 
     #[test]
@@ -716,6 +768,10 @@ mod tests {
             (with(POOL, "[[listener.route]]\nupstream = \"nope\"\n"), "listener[0].route[0].upstream", "expected one of: app"),
             (with(POOL, "[[listener.route]]\n"), "listener[0].route[0].upstream", "exactly one"),
             (with(POOL, "[[listener.route]]\npath = \"api\"\nupstream = \"app\"\n"), "listener[0].route[0].path", "starting with '/'"),
+            (with(POOL, "[[listener.route]]\npath = \"/a/../b\"\nupstream = \"app\"\n"), "listener[0].route[0].path", "'..' segment"),
+            (with(POOL, "[[listener.route]]\npath = \"/%61pi\"\nupstream = \"app\"\n"), "listener[0].route[0].path", "unreserved"),
+            (with(POOL, "[[listener.route]]\npath = \"/a;b\"\nupstream = \"app\"\n"), "listener[0].route[0].path", "';'"),
+            (with(POOL, "[[listener.route]]\npath = \"/a%2Fb\"\nupstream = \"app\"\n"), "listener[0].route[0].path", "%2F"),
             (with(POOL, "[[listener.route]]\nhost = \"a b\"\nupstream = \"app\"\n"), "listener[0].route[0].host", "host name"),
             (with(POOL, "[[listener.route]]\nroot = \"missing\"\n"), "listener[0].route[0].root", "existing directory"),
             (with(POOL, "[[listener.route]]\nupstream = \"app\"\n[[listener.route]]\nroot = \"other\"\n"), "listener[0].route[1].path", "already routes"),
