@@ -800,8 +800,8 @@ impl Results {
         for c in &self.crosschecks {
             if c.operations == 0 || c.server_cpu_us_per_op <= 0.0 || c.bench_cpu_us_per_op <= 0.0 {
                 out.push(format!(
-                    "cross-check {} on {}: nothing measured",
-                    c.tool, c.target
+                    "cross-check {} ({}) on {}: nothing measured",
+                    c.tool, c.case, c.target
                 ));
             }
         }
