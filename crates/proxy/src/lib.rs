@@ -5,7 +5,7 @@
 //!   keep-alive connections kept per worker thread, plain or TLS (CA
 //!   bundle, SNI, client certificate, session resumption).
 //! - [`Router`]: a listener's routes by Host, SNI and longest prefix of
-//!   the normalised path ([`normalize_path`]).
+//!   the path as its readers could take it (`path`).
 //! - [`forward`]: one exchange, streamed both ways over HTTP/1.1 with the
 //!   project's strict parser on both sides (tlsgate-http1), bounded
 //!   retries and 502/503/504 with a reason.
@@ -32,6 +32,6 @@ pub use forward::{
     forward, forward_stream, BodyRefused, Downstream, Outcome, Request, RequestBody, Responder,
     SendError, StreamRequest, CLIENT_CLOSED,
 };
-pub use path::{normalize as normalize_path, route_view, BadPath};
+pub use path::BadPath;
 pub use pool::{Pool, Pools};
 pub use route::{Entry, Router, Target};

@@ -148,12 +148,9 @@ fn decode(rest: &[u8]) -> Result<Vec<u8>, BadPath> {
 const HEX: [u8; 16] = *b"0123456789ABCDEF";
 
 fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
+    char::from(b)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
 }
 
 /// `%2F`, `%5C` (escapes are upper case after [`decode`]) or `\`.
