@@ -14,7 +14,8 @@ pub use prometheus_client::collector::Collector;
 
 mod proxy;
 pub use proxy::{
-    PoolLabel, ProxyErrorLabels, ProxyMetrics, ResolutionLabels, ServerErrorLabels, ServerLabels,
+    PoolLabel, PoolSeries, ProxyErrorLabels, ProxyMetrics, ResolutionLabels, ServerErrorLabels,
+    ServerLabels, ServerSeries,
 };
 
 /// The metric types, for code that keeps clones of single metrics.
@@ -488,5 +489,61 @@ mod tests {
         );
         assert!(text.contains("tlsgate_handshake_seconds_count 1"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    fn server(m: &Metrics, name: &str) -> ServerSeries {
+        m.proxy.server(ServerLabels {
+            pool: "app".into(),
+            server: name.into(),
+        })
+    }
+
+    /// A server's and a pool's series outlive a reload that keeps them (an
+    /// old and a new pool object hold them at once) and go with the last
+    /// holder, error and resolution counters included.
+    #[test]
+    fn series_go_with_the_last_pool_object_that_has_them() {
+        let m = Metrics::new();
+        let (old_a, old_b) = (server(&m, "a:80"), server(&m, "b:80"));
+        let old_pool = m.proxy.pool("app");
+        old_b.healthy.set(1);
+        old_b.count_error("connect");
+        old_b.count_resolution("unchanged");
+        old_pool.count_answer(502, "connect");
+        old_pool.retries.inc();
+        // The reload keeps a and the pool, drops b.
+        let new_a = server(&m, "a:80");
+        let new_pool = m.proxy.pool("app");
+        new_a.healthy.set(1);
+        drop((old_a, old_b, old_pool));
+        let text = m.render();
+        assert!(
+            text.contains(r#"tlsgate_upstream_healthy{pool="app",server="a:80"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"tlsgate_upstream_retries_total{pool="app"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"tlsgate_proxy_errors_total{pool="app",status="502",reason="connect"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(!text.contains(r#"server="b:80""#), "{text}");
+        // The next reload removes the pool.
+        drop((new_a, new_pool));
+        let text = m.render();
+        assert!(!text.contains(r#"pool="app""#), "{text}");
+        // Configured again: new series, from zero.
+        let again = server(&m, "b:80");
+        let text = m.render();
+        assert!(
+            text.contains(r#"tlsgate_upstream_healthy{pool="app",server="b:80"} 0"#),
+            "{text}"
+        );
+        assert!(!text.contains("tlsgate_upstream_errors_total{"), "{text}");
+        drop(again);
     }
 }

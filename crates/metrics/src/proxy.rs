@@ -1,6 +1,12 @@
 //! The reverse proxy's metrics: per pool and per upstream server. The
 //! families live as long as the process; pools rebuilt by a reload keep
-//! counting into the same series.
+//! counting into the same series. A server or pool that a reload removed
+//! loses its series once the last pool object using them is gone (the old
+//! generation's last request done): no health state or open-connection
+//! count of a server no longer configured stays on `/metrics`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -85,6 +91,8 @@ pub struct ProxyMetrics {
     pub proxy_errors: Family<ProxyErrorLabels, Counter>,
     /// Host names resolved again while running.
     pub resolutions: Family<ResolutionLabels, Counter>,
+    /// Who uses which series, and which labelled series exist.
+    live: Arc<Mutex<Live>>,
 }
 
 impl ProxyMetrics {
@@ -99,6 +107,39 @@ impl ProxyMetrics {
             retries: Family::default(),
             proxy_errors: Family::default(),
             resolutions: Family::default(),
+            live: Arc::default(),
+        }
+    }
+
+    fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The series of server `labels`, created if new; kept until the last
+    /// holder drops them.
+    pub fn server(&self, labels: ServerLabels) -> ServerSeries {
+        self.live().servers.hold(labels.clone());
+        ServerSeries {
+            requests: self.requests.get_or_create(&labels).clone(),
+            response_seconds: self.response_seconds.get_or_create(&labels).clone(),
+            healthy: self.healthy.get_or_create(&labels).clone(),
+            connections_open: self.connections_open.get_or_create(&labels).clone(),
+            connections_idle: self.connections_idle.get_or_create(&labels).clone(),
+            metrics: self.clone(),
+            labels,
+        }
+    }
+
+    /// The series of pool `name`, as [`ProxyMetrics::server`].
+    pub fn pool(&self, name: &str) -> PoolSeries {
+        self.live().pools.hold(name.to_string());
+        let label = PoolLabel {
+            pool: name.to_string(),
+        };
+        PoolSeries {
+            retries: self.retries.get_or_create(&label).clone(),
+            metrics: self.clone(),
+            label,
         }
     }
 
@@ -148,5 +189,180 @@ impl ProxyMetrics {
             "Upstream server host names resolved again, by result (changed, unchanged, failed)",
             self.resolutions.clone(),
         );
+    }
+}
+
+/// The users of each server's and pool's series, and the label values
+/// their counters were created with (the families cannot be listed).
+#[derive(Debug, Default)]
+struct Live {
+    servers: Users<ServerLabels, Extra>,
+    pools: Users<String, (u16, &'static str)>,
+}
+
+/// A server's counters with a label of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    Error(&'static str),
+    Resolution(&'static str),
+}
+
+/// Holders per key, and the extra label values created under it.
+#[derive(Debug)]
+struct Users<K, R>(HashMap<K, (usize, Vec<R>)>);
+
+impl<K, R> Default for Users<K, R> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<K: std::hash::Hash + Eq, R: PartialEq> Users<K, R> {
+    fn hold(&mut self, key: K) {
+        self.0.entry(key).or_insert((0, Vec::new())).0 += 1;
+    }
+
+    fn record(&mut self, key: K, extra: R) {
+        let seen = &mut self.0.entry(key).or_insert((0, Vec::new())).1;
+        if !seen.contains(&extra) {
+            seen.push(extra);
+        }
+    }
+
+    /// The extra label values to remove when `key`'s last holder let go.
+    fn release(&mut self, key: &K) -> Option<Vec<R>> {
+        let (users, _) = self.0.get_mut(key)?;
+        *users = users.saturating_sub(1);
+        if *users > 0 {
+            return None;
+        }
+        self.0.remove(key).map(|(_, extra)| extra)
+    }
+}
+
+/// One server's series, held by each pool object that has the server; the
+/// last one dropped removes them.
+#[derive(Debug)]
+pub struct ServerSeries {
+    metrics: ProxyMetrics,
+    labels: ServerLabels,
+    /// Requests sent (each try).
+    pub requests: Counter,
+    /// From the request sent to the response head.
+    pub response_seconds: Histogram,
+    /// 1 while it takes requests.
+    pub healthy: Gauge,
+    /// Open connections.
+    pub connections_open: Gauge,
+    /// Of those, idle.
+    pub connections_idle: Gauge,
+}
+
+impl ServerSeries {
+    /// Its labels.
+    pub fn labels(&self) -> &ServerLabels {
+        &self.labels
+    }
+
+    /// Counts a failure of `kind`.
+    pub fn count_error(&self, kind: &'static str) {
+        let mut live = self.metrics.live();
+        live.servers.record(self.labels.clone(), Extra::Error(kind));
+        self.metrics
+            .errors
+            .get_or_create(&ServerErrorLabels {
+                pool: self.labels.pool.clone(),
+                server: self.labels.server.clone(),
+                kind,
+            })
+            .inc();
+    }
+
+    /// Counts a resolution of its name, by `result`.
+    pub fn count_resolution(&self, result: &'static str) {
+        let mut live = self.metrics.live();
+        live.servers
+            .record(self.labels.clone(), Extra::Resolution(result));
+        self.metrics
+            .resolutions
+            .get_or_create(&ResolutionLabels {
+                pool: self.labels.pool.clone(),
+                server: self.labels.server.clone(),
+                result,
+            })
+            .inc();
+    }
+}
+
+impl Drop for ServerSeries {
+    fn drop(&mut self) {
+        let m = &self.metrics;
+        let Some(extra) = m.live().servers.release(&self.labels) else {
+            return;
+        };
+        let l = &self.labels;
+        m.requests.remove(l);
+        m.response_seconds.remove(l);
+        m.healthy.remove(l);
+        m.connections_open.remove(l);
+        m.connections_idle.remove(l);
+        let (pool, server) = (l.pool.clone(), l.server.clone());
+        for e in extra {
+            match e {
+                Extra::Error(kind) => m.errors.remove(&ServerErrorLabels {
+                    pool: pool.clone(),
+                    server: server.clone(),
+                    kind,
+                }),
+                Extra::Resolution(result) => m.resolutions.remove(&ResolutionLabels {
+                    pool: pool.clone(),
+                    server: server.clone(),
+                    result,
+                }),
+            };
+        }
+    }
+}
+
+/// One pool's series, held by each pool object of that name; the last one
+/// dropped removes them.
+#[derive(Debug)]
+pub struct PoolSeries {
+    metrics: ProxyMetrics,
+    label: PoolLabel,
+    /// Tries after the first.
+    pub retries: Counter,
+}
+
+impl PoolSeries {
+    /// Counts an error answer of the proxy's (502, 503, 504) and why.
+    pub fn count_answer(&self, status: u16, reason: &'static str) {
+        let mut live = self.metrics.live();
+        live.pools.record(self.label.pool.clone(), (status, reason));
+        self.metrics
+            .proxy_errors
+            .get_or_create(&ProxyErrorLabels {
+                pool: self.label.pool.clone(),
+                status,
+                reason,
+            })
+            .inc();
+    }
+}
+
+impl Drop for PoolSeries {
+    fn drop(&mut self) {
+        let m = &self.metrics;
+        let Some(answers) = m.live().pools.release(&self.label.pool) else {
+            return;
+        };
+        m.retries.remove(&self.label);
+        for (status, reason) in answers {
+            m.proxy_errors.remove(&ProxyErrorLabels {
+                pool: self.label.pool.clone(),
+                status,
+                reason,
+            });
+        }
     }
 }

@@ -9,8 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use tlsgate_config::{ConfigError, HashKey, Upstream};
-use tlsgate_metrics::types::{Counter, Gauge, Histogram};
-use tlsgate_metrics::{PoolLabel, ProxyMetrics, ServerErrorLabels, ServerLabels};
+use tlsgate_metrics::{PoolSeries, ProxyMetrics, ServerLabels, ServerSeries};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -34,7 +33,6 @@ pub(crate) struct Server {
     pub cfg: tlsgate_config::UpstreamServer,
     /// Where new connections go: `cfg.addr` until a name resolves anew.
     addr: RwLock<SocketAddr>,
-    pub labels: ServerLabels,
     in_flight: AtomicUsize,
     /// Consecutive failures (passive checks).
     fails: AtomicU32,
@@ -44,13 +42,9 @@ pub(crate) struct Server {
     pub check_ok: AtomicBool,
     /// Idle keep-alive connections per thread slot.
     idle: Box<[Mutex<Vec<UpstreamConn>>]>,
-    open: Gauge,
-    idle_gauge: Gauge,
-    healthy_gauge: Gauge,
-    /// This server's series of the per-request metrics, looked up once
-    /// (not per request: a lock and a hash of two strings each).
-    requests: Counter,
-    response_seconds: Histogram,
+    /// This server's series, looked up once (not per request: a lock and a
+    /// hash of two strings each); gone with the last pool that has it.
+    pub(crate) series: ServerSeries,
 }
 
 impl Server {
@@ -72,8 +66,7 @@ pub struct Pool {
     balancer: Balancer,
     tls: Option<(Connector, TlsConnector)>,
     epoch: Instant,
-    pub(crate) metrics: ProxyMetrics,
-    pool_label: PoolLabel,
+    series: PoolSeries,
 }
 
 /// A server's state carried over a reload.
@@ -138,8 +131,10 @@ impl Pool {
                     Some(k) if cfg.max_fails > 0 => k.down_until_ms.min(longest),
                     _ => 0,
                 };
-                let healthy_gauge = metrics.healthy.get_or_create(&labels).clone();
-                healthy_gauge.set(i64::from(check_ok && down_until_ms == 0));
+                let series = metrics.server(labels);
+                series
+                    .healthy
+                    .set(i64::from(check_ok && down_until_ms == 0));
                 Server {
                     addr: RwLock::new(s.addr),
                     cfg: s.clone(),
@@ -148,12 +143,7 @@ impl Pool {
                     down_until_ms: AtomicU64::new(down_until_ms),
                     check_ok: AtomicBool::new(check_ok),
                     idle: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
-                    open: metrics.connections_open.get_or_create(&labels).clone(),
-                    idle_gauge: metrics.connections_idle.get_or_create(&labels).clone(),
-                    healthy_gauge,
-                    requests: metrics.requests.get_or_create(&labels).clone(),
-                    response_seconds: metrics.response_seconds.get_or_create(&labels).clone(),
-                    labels,
+                    series,
                 }
             })
             .collect();
@@ -168,11 +158,14 @@ impl Pool {
             servers,
             tls,
             epoch,
-            metrics: metrics.clone(),
-            pool_label: PoolLabel {
-                pool: cfg.name.clone(),
-            },
+            series: metrics.pool(&cfg.name),
         })
+    }
+
+    /// Counts an error answer of the proxy's (502, 503, 504) for a
+    /// request to this pool, and why.
+    pub fn count_answer(&self, status: u16, reason: &'static str) {
+        self.series.count_answer(status, reason);
     }
 
     /// The pool's name.
@@ -294,7 +287,7 @@ impl Pool {
             loop {
                 let popped = list.lock().unwrap_or_else(|e| e.into_inner()).pop();
                 let Some(mut c) = popped else { break };
-                s.idle_gauge.dec();
+                s.series.connections_idle.dec();
                 if c.idle_since.elapsed() < self.cfg.idle_timeout
                     && c.addr == s.addr()
                     && c.looks_alive()
@@ -336,7 +329,12 @@ impl Pool {
                 Stream::Tls(Box::new(tls))
             }
         };
-        Ok(UpstreamConn::new(stream, i, addr, s.open.clone()))
+        Ok(UpstreamConn::new(
+            stream,
+            i,
+            addr,
+            s.series.connections_open.clone(),
+        ))
     }
 
     /// Keeps a connection whose last exchange ended cleanly for reuse by
@@ -359,11 +357,11 @@ impl Pool {
         let before = list.len();
         list.retain(|c| now.saturating_duration_since(c.idle_since) < self.cfg.idle_timeout);
         let expired = before - list.len();
-        s.idle_gauge.dec_by(expired as i64);
+        s.series.connections_idle.dec_by(expired as i64);
         if list.len() < self.cfg.max_idle {
             conn.idle_since = now;
             list.push(conn);
-            s.idle_gauge.inc();
+            s.series.connections_idle.inc();
         }
     }
 
@@ -371,14 +369,7 @@ impl Pool {
     /// `max_fails` in a row it is out for `fail_timeout`.
     pub(crate) fn failed(&self, i: usize, f: Failure) {
         let Some(s) = self.servers.get(i) else { return };
-        self.metrics
-            .errors
-            .get_or_create(&ServerErrorLabels {
-                pool: s.labels.pool.clone(),
-                server: s.labels.server.clone(),
-                kind: f.reason(),
-            })
-            .inc();
+        s.series.count_error(f.reason());
         if !f.marks_server() || self.cfg.max_fails == 0 {
             return;
         }
@@ -399,7 +390,7 @@ impl Pool {
             // Drop its idle connections of this thread: they are suspect.
             if let Some(list) = s.idle.get(thread_slot() % s.idle.len()) {
                 let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
-                s.idle_gauge.dec_by(list.len() as i64);
+                s.series.connections_idle.dec_by(list.len() as i64);
                 list.clear();
             }
         }
@@ -412,7 +403,7 @@ impl Pool {
         s.fails.store(0, Ordering::Relaxed);
         // Back from a passive mark: the gauge says so again.
         self.update_health_gauge(i);
-        s.response_seconds.observe(latency.as_secs_f64());
+        s.series.response_seconds.observe(latency.as_secs_f64());
     }
 
     /// Points server `i`'s new connections at `addr` (its name resolved
@@ -433,17 +424,17 @@ impl Pool {
 
     pub(crate) fn count_request(&self, i: usize) {
         if let Some(s) = self.servers.get(i) {
-            s.requests.inc();
+            s.series.requests.inc();
         }
     }
 
     pub(crate) fn count_retry(&self) {
-        self.metrics.retries.get_or_create(&self.pool_label).inc();
+        self.series.retries.inc();
     }
 
     pub(crate) fn update_health_gauge(&self, i: usize) {
         if let Some(s) = self.servers.get(i) {
-            s.healthy_gauge.set(i64::from(self.in_service(i)));
+            s.series.healthy.set(i64::from(self.in_service(i)));
         }
     }
 }

@@ -10,8 +10,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tlsgate_metrics::ResolutionLabels;
-
 use crate::pool::Pool;
 
 /// Longest wait for one lookup.
@@ -58,14 +56,7 @@ async fn pool_loop(pool: Weak<Pool>) {
                     "failed"
                 }
             };
-            p.metrics
-                .resolutions
-                .get_or_create(&ResolutionLabels {
-                    pool: p.cfg.name.clone(),
-                    server: s.cfg.address.clone(),
-                    result,
-                })
-                .inc();
+            s.series.count_resolution(result);
         }
     }
 }

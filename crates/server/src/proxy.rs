@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use tlsgate_files::DocumentRoot;
 use tlsgate_http1::{Method, RequestHead, Version};
-use tlsgate_metrics::ProxyErrorLabels;
 use tlsgate_proxy::{Downstream, Outcome, Pool, Request, Target};
 
 use crate::http::{simple, Answered, End, HttpCtx};
@@ -70,16 +69,7 @@ pub(crate) fn reloaded(cx: &HttpCtx<'_>) -> bool {
 /// (502, 503, 504), whatever the client's protocol.
 pub(crate) fn count_refusal(cx: &HttpCtx<'_>, pool: &Pool, status: u16, reason: &'static str) {
     if status >= 500 {
-        cx.shared
-            .metrics
-            .proxy
-            .proxy_errors
-            .get_or_create(&ProxyErrorLabels {
-                pool: pool.name().to_string(),
-                status,
-                reason,
-            })
-            .inc();
+        pool.count_answer(status, reason);
         tracing::debug!(peer = %cx.peer, pool = %pool.name(), "{status}: {reason}");
     }
 }

@@ -1069,6 +1069,61 @@ fn a_reload_keeps_a_server_found_down_out_of_service() {
     assert!(server.admin_get("/metrics").contains(&down));
 }
 
+/// A reload that removes a server and a pool removes their series from
+/// `/metrics` once the old generation's last request is done: no health
+/// state, connection count or error counter of a server no longer
+/// configured stays there.
+#[test]
+fn a_reload_drops_the_series_of_servers_and_pools_it_removes() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let nowhere = "127.0.0.1:1".to_string();
+    let check = "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\n";
+    let text = |servers: &[(String, u32)], with_old: bool| {
+        let mut pools = pool("app", servers, "", check);
+        let mut routes = route("/", "app", "");
+        if with_old {
+            pools.push_str(&pool("old", &[(nowhere.clone(), 1)], "", ""));
+            routes.push_str(&route("/old", "old", ""));
+        }
+        fx.config(
+            &format!("[server]\nworkers = 2\n{NO_RATE_LIMIT}\n{pools}"),
+            &routes,
+        )
+    };
+    let both = [(a.address(), 1), (b.address(), 1)];
+    let server = Server::start(&fx, &text(&both, true));
+    let healthy = |s: &Upstream| {
+        format!(
+            "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1",
+            s.address()
+        )
+    };
+    server.expect_metric_line(&healthy(&b));
+    let seen = count_ids(&server, "/id", 10);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let mut s = tls_connect(server.addr);
+    assert_eq!(get(&mut s, "/old/x", "").unwrap().status, 502);
+    drop(s);
+    let failed = format!(
+        "tlsgate_upstream_errors_total{{pool=\"old\",server=\"{nowhere}\",kind=\"connect\"}} 1"
+    );
+    let before = server.expect_metric_line(&failed);
+    assert!(
+        before.contains("tlsgate_proxy_errors_total{pool=\"old\",status=\"502\""),
+        "{before}"
+    );
+    fx.write_config(&text(&[(a.address(), 1)], false));
+    server.signal("HUP");
+    server.wait_log("reloaded configuration from", Duration::from_secs(5));
+    let gone = |t: &str| !t.contains(&b.address()) && !t.contains("pool=\"old\"");
+    let after = server.metrics_when(gone);
+    assert!(gone(&after), "series of removed servers left:\n{after}");
+    assert!(after.contains(&healthy(&a)), "{after}");
+    assert_eq!(count_ids(&server, "/id", 4).get("a"), Some(&4));
+}
+
 #[test]
 fn sighup_changes_a_pool_while_a_client_loops_without_a_failure() {
     let fx = Fixture::new();
