@@ -12,6 +12,7 @@ use crate::targets::TargetKind;
 fn color(t: TargetKind) -> RGBColor {
     match t {
         TargetKind::Tlsgate => RGBColor(0x1f, 0x77, 0xb4),
+        TargetKind::TlsgateKeysInProcess => RGBColor(0x9e, 0xc9, 0xe8),
         TargetKind::Nginx => RGBColor(0x2c, 0xa0, 0x2c),
         TargetKind::Haproxy => RGBColor(0xd6, 0x27, 0x28),
     }

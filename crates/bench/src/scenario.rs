@@ -96,8 +96,6 @@ pub struct BenchOptions {
     pub placement: Placement,
     /// The tlsgate binary to run as a target.
     pub tlsgate_bin: PathBuf,
-    /// Extra lines for tlsgate's `[server]` section.
-    pub tlsgate_server_extra: String,
     /// tlsgate's kernel-TLS policy (`offload` of its listener).
     pub tlsgate_offload: tlsgate_config::OffloadPolicy,
 }
@@ -155,9 +153,23 @@ impl BenchOptions {
             proxy_connections: if quick { 4 } else { 16 },
             placement: Placement::detect(),
             tlsgate_bin,
-            tlsgate_server_extra: String::new(),
             tlsgate_offload: tlsgate_config::OffloadPolicy::Auto,
         }
+    }
+
+    /// The targets of handshake cells: tlsgate with its keys in-process
+    /// too, beside tlsgate, so every run measures what key isolation costs.
+    pub fn handshake_targets(&self) -> Vec<TargetKind> {
+        let mut out = Vec::new();
+        for kind in &self.targets {
+            out.push(*kind);
+            if *kind == TargetKind::Tlsgate
+                && !self.targets.contains(&TargetKind::TlsgateKeysInProcess)
+            {
+                out.push(TargetKind::TlsgateKeysInProcess);
+            }
+        }
+        out
     }
 
     /// How targets are started under these options.
@@ -166,7 +178,7 @@ impl BenchOptions {
             core: self.placement.server_core,
             max_file,
             tlsgate_bin: self.tlsgate_bin.clone(),
-            tlsgate_server_extra: self.tlsgate_server_extra.clone(),
+            tlsgate_server_extra: String::new(),
             tlsgate_offload: self.tlsgate_offload,
             proxy_to: None,
         }
@@ -228,8 +240,18 @@ fn start_all(
     max_file: u64,
     results: &mut Results,
 ) -> Result<Vec<Target>, BenchError> {
+    start_these(&opts.targets, materials, opts, max_file, results)
+}
+
+fn start_these(
+    kinds: &[TargetKind],
+    materials: &Materials,
+    opts: &BenchOptions,
+    max_file: u64,
+    results: &mut Results,
+) -> Result<Vec<Target>, BenchError> {
     let mut targets = Vec::new();
-    for kind in &opts.targets {
+    for kind in kinds {
         let t = Target::start(*kind, materials, &opts.settings(max_file))?;
         results
             .versions
@@ -276,7 +298,8 @@ fn handshake(
     results: &mut Results,
 ) -> Result<(), BenchError> {
     let path = materials.file(1 << 10)?;
-    let mut targets = start_all(materials, opts, 1 << 10, results)?;
+    let kinds = opts.handshake_targets();
+    let mut targets = start_these(&kinds, materials, opts, 1 << 10, results)?;
     saturated_handshakes(&mut targets, &path, opts, results)?;
     latency_at_half_nginx(&mut targets, &path, opts, results)
 }

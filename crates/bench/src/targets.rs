@@ -24,6 +24,11 @@ use crate::proc::ProcessTree;
 pub enum TargetKind {
     /// This project.
     Tlsgate,
+    /// This project with its private keys in the worker
+    /// (`key_isolation = false`): beside `Tlsgate` in the same run, what
+    /// keeping the keys out of the network-facing process costs.
+    #[serde(rename = "tlsgate-inproc")]
+    TlsgateKeysInProcess,
     /// nginx with OpenSSL (Debian package).
     Nginx,
     /// HAProxy with OpenSSL (Debian package).
@@ -31,13 +36,22 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
-    /// All targets, in report order.
+    /// The default targets, in report order.
     pub const ALL: [TargetKind; 3] = [Self::Tlsgate, Self::Nginx, Self::Haproxy];
 
-    /// Parses "tlsgate", "nginx" or "haproxy".
+    /// Every kind, in report order.
+    pub const REPORTED: [TargetKind; 4] = [
+        Self::Tlsgate,
+        Self::TlsgateKeysInProcess,
+        Self::Nginx,
+        Self::Haproxy,
+    ];
+
+    /// Parses "tlsgate", "tlsgate-inproc", "nginx" or "haproxy".
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "tlsgate" => Some(Self::Tlsgate),
+            "tlsgate-inproc" => Some(Self::TlsgateKeysInProcess),
             "nginx" => Some(Self::Nginx),
             "haproxy" => Some(Self::Haproxy),
             _ => None,
@@ -48,6 +62,7 @@ impl TargetKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Tlsgate => "tlsgate",
+            Self::TlsgateKeysInProcess => "tlsgate-inproc",
             Self::Nginx => "nginx",
             Self::Haproxy => "haproxy",
         }
@@ -69,7 +84,7 @@ pub struct TargetSettings {
     pub max_file: u64,
     /// The tlsgate binary.
     pub tlsgate_bin: PathBuf,
-    /// Extra TOML for tlsgate's `[server]` section (e.g. `key_isolation = false`).
+    /// Extra TOML for tlsgate's `[server]` section.
     pub tlsgate_server_extra: String,
     /// tlsgate's kernel-TLS policy.
     pub tlsgate_offload: tlsgate_config::OffloadPolicy,
@@ -215,9 +230,15 @@ impl Target {
         let dir = materials.dir().join(kind.name());
         fs::create_dir_all(&dir).map_err(BenchError::io(&dir))?;
         let (program, args, version) = match kind {
-            TargetKind::Tlsgate => {
+            TargetKind::Tlsgate | TargetKind::TlsgateKeysInProcess => {
                 let conf = dir.join("tlsgate.toml");
-                write(&conf, &tlsgate_config(materials, addr, settings))?;
+                let mut settings = settings.clone();
+                if kind == TargetKind::TlsgateKeysInProcess {
+                    settings
+                        .tlsgate_server_extra
+                        .push_str("\nkey_isolation = false\n");
+                }
+                write(&conf, &tlsgate_config(materials, addr, &settings))?;
                 let bin = settings.tlsgate_bin.display().to_string();
                 (
                     bin.clone(),

@@ -19,6 +19,7 @@ mod engine;
 mod error;
 mod handshake;
 mod http;
+mod kx;
 mod profile;
 mod stats;
 mod stream;

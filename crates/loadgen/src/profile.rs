@@ -13,6 +13,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 
 use crate::error::LoadError;
+use crate::kx;
 use crate::verify::SkipVerification;
 
 /// Protocol version.
@@ -166,8 +167,8 @@ impl TlsProfile {
 
     fn kx_group(&self) -> &'static dyn SupportedKxGroup {
         match self.group {
-            Group::X25519 => kx_group::X25519,
-            Group::P256 => kx_group::SECP256R1,
+            Group::X25519 => &kx::X25519,
+            Group::P256 => &kx::SECP256R1,
             Group::X25519Mlkem768 => kx_group::X25519MLKEM768,
         }
     }
@@ -197,11 +198,12 @@ impl TlsProfile {
             // OpenSSL serves a P-256 certificate over TLS 1.2 only to
             // clients listing P-256 among their groups (RFC 4492's rule);
             // the key exchange still uses the first, preferred group.
-            kx_groups.push(kx_group::SECP256R1);
+            kx_groups.push(&kx::SECP256R1);
         }
         let provider = CryptoProvider {
             cipher_suites: vec![self.suite()],
             kx_groups,
+            secure_random: &kx::FastRandom,
             ..default_provider()
         };
         let version: &'static rustls::SupportedProtocolVersion = match self.version {

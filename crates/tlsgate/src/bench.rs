@@ -16,7 +16,9 @@ pub struct BenchArgs {
     /// A smoke run of seconds (CI): checks that every figure is sane, not fast.
     #[arg(long)]
     quick: bool,
-    /// Targets, comma-separated: tlsgate,nginx,haproxy.
+    /// Targets, comma-separated: tlsgate,nginx,haproxy, and tlsgate-inproc
+    /// (tlsgate with its keys in the worker, `key_isolation = false`; the
+    /// handshake and crosscheck scenarios add it beside tlsgate anyway).
     #[arg(long, value_delimiter = ',', default_value = "tlsgate,nginx,haproxy")]
     targets: Vec<String>,
     /// Where results.json, report.md and the plots go
@@ -44,9 +46,6 @@ pub struct BenchArgs {
     /// 0 for none.
     #[arg(long, value_delimiter = ',')]
     idle_connections: Vec<usize>,
-    /// Run tlsgate with keys in-process (to measure key isolation's cost).
-    #[arg(long)]
-    no_key_isolation: bool,
     /// Transfer scenario file sizes, comma-separated (e.g. 16k,1m,10m).
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<String>,
@@ -82,7 +81,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
         match TargetKind::parse(t) {
             Some(k) => targets.push(k),
             None => {
-                eprintln!("tlsgate: error: --targets: unknown target {t:?}: expected tlsgate, nginx or haproxy");
+                eprintln!("tlsgate: error: --targets: unknown target {t:?}: expected tlsgate, tlsgate-inproc, nginx or haproxy");
                 return ExitCode::from(2);
             }
         }
@@ -157,9 +156,6 @@ pub fn run(args: BenchArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if args.no_key_isolation {
-        opts.tlsgate_server_extra = "key_isolation = false".into();
-    }
     let out = args.out.unwrap_or_else(|| {
         let stamp = time::OffsetDateTime::now_utc()
             .format(time::macros::format_description!(

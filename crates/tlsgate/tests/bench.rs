@@ -134,6 +134,18 @@ fn quick_bench_measures_every_scenario_on_every_target() {
             }
         }
     }
+    // tlsgate with its keys in-process beside it, every handshake kind,
+    // and the report gives key isolation's cost for each.
+    let inproc = summaries
+        .iter()
+        .filter(|s| s["scenario"] == "handshake" && s["target"] == "tlsgate-inproc")
+        .count();
+    assert_eq!(inproc, 8, "handshakes on tlsgate-inproc");
+    assert!(report.contains("## Key isolation's cost"), "{report}");
+    assert!(
+        report.contains("| TLS1.3 ECDSA full, saturated | "),
+        "{report}"
+    );
     // Idle points: every target held its connections, PSS measured, and
     // the report has the table.
     for target in ["tlsgate", "nginx", "haproxy"] {
@@ -159,14 +171,23 @@ fn quick_bench_measures_every_scenario_on_every_target() {
         .iter()
         .filter(|s| s["scenario"] == "latency")
         .collect();
-    assert_eq!(latency.len(), 3, "{latency:?}");
+    assert_eq!(latency.len(), 4, "{latency:?}");
     for s in latency {
         assert!(s["p99_us"].as_f64().unwrap() > 0.0, "{s}");
     }
     // The independent tools ran against every target.
     let cross = results["crosschecks"].as_array().unwrap();
-    // s_time, wrk at 1 KiB and at 64 KiB.
-    assert_eq!(cross.len(), 9, "{cross:?}");
+    // s_time, wrk at 1 KiB and at 64 KiB; s_time on tlsgate-inproc.
+    assert_eq!(cross.len(), 10, "{cross:?}");
+    assert!(
+        report.contains("| handshake TLS1.3 ECDSA full, `8 × openssl s_time -new -tls1_3` | "),
+        "isolation's cost at s_time's load: {report}"
+    );
+    // The tools' tlsgate ÷ nginx beside the bench's, with a verdict.
+    assert!(
+        report.contains("Do the tools and the bench agree?"),
+        "{report}"
+    );
     let pinned = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
     if !pinned {
         eprintln!("NOT CHECKED: one core, so the generator is not pinned and its core's busy share is not measured");
