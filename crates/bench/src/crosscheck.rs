@@ -202,7 +202,8 @@ pub fn run(
     let client = opts.placement.client_cores.first().copied().flatten();
     let mut rows = Vec::new();
     // tlsgate with its keys in-process too: key isolation's cost at
-    // s_time's load (handshakes only; keep-alive transfers sign nothing).
+    // s_time's load (handshakes only, unless it is a target of its own:
+    // keep-alive transfers sign nothing).
     for kind in &opts.handshake_targets() {
         let mut target = Target::start(*kind, materials, &opts.settings(64 << 10))?;
         let addr = target.addr();
@@ -273,7 +274,7 @@ pub fn run(
         ));
         // Keep-alive transfers of 1 KiB (issue 19's small requests) and
         // 64 KiB over 100 connections.
-        let transfers = if *kind == TargetKind::TlsgateKeysInProcess {
+        let transfers = if !opts.targets.contains(kind) {
             Vec::new()
         } else {
             vec![("1k", &small), ("64k", &medium)]

@@ -88,7 +88,7 @@ pub fn write_all(results: &Results, dir: &Path) -> Result<Vec<PathBuf>, BenchErr
 /// Grouped bars: CPU µs per handshake, one group per handshake kind.
 fn handshake_bars(results: &Results, path: &Path) -> Result<(), String> {
     let cases = results.cases("handshake");
-    let targets = results.targets();
+    let targets = results.targets_in("handshake");
     let value = |case: &str, t: TargetKind| {
         results
             .summary("handshake", case, t)
@@ -177,7 +177,7 @@ fn by_case_lines(
     f: fn(&Summary) -> f64,
 ) -> Result<(), String> {
     let cases = results.cases(scenario);
-    let targets = results.targets();
+    let targets = results.targets_in(scenario);
     let max = results
         .summaries
         .iter()

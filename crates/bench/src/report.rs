@@ -335,6 +335,18 @@ impl Results {
             .collect()
     }
 
+    /// Targets measured in `scenario`, in report order.
+    pub fn targets_in(&self, scenario: &str) -> Vec<TargetKind> {
+        TargetKind::REPORTED
+            .into_iter()
+            .filter(|t| {
+                self.summaries
+                    .iter()
+                    .any(|s| s.scenario == scenario && s.target == *t)
+            })
+            .collect()
+    }
+
     /// Writes `results.json` and `report.md` into `dir`.
     pub fn write(&self, dir: &Path) -> Result<(), BenchError> {
         fs::create_dir_all(dir).map_err(BenchError::io(dir))?;
@@ -372,15 +384,14 @@ impl Results {
             out,
             "\nServer CPU is the scheduler's run time of every thread of every process of the target (/proc/PID/task/*/schedstat), over the measurement window only. Each figure is the median of the repeats; ratios are tlsgate ÷ nginx (lower CPU is better). ⚠ marks a generator-bound cell (the generator, not the server, was the limit)."
         );
-        let targets = self.targets();
-        self.handshake_table(&mut out, &targets);
-        self.latency_table(&mut out, &targets);
+        self.handshake_table(&mut out, &self.targets_in("handshake"));
+        self.latency_table(&mut out, &self.targets_in("latency"));
         self.isolation_table(&mut out);
-        self.transfer_table(&mut out, &targets);
-        self.stream_table(&mut out, &targets);
-        self.idle_table(&mut out, &targets);
+        self.transfer_table(&mut out, &self.targets_in("transfer"));
+        self.stream_table(&mut out, &self.targets_in("stream"));
+        self.idle_table(&mut out, &self.targets_in(crate::scenario::IDLE));
         self.h2_table(&mut out);
-        self.proxy_table(&mut out, &targets);
+        self.proxy_table(&mut out, &self.targets_in("proxy"));
         if !self.crosschecks.is_empty() {
             let _ = writeln!(
                 out,
@@ -908,16 +919,15 @@ impl Results {
             "proxy",
         ] {
             // tlsgate-inproc runs beside tlsgate in the handshake
-            // scenarios only, unless it was a target of its own.
+            // scenarios, elsewhere only as a target of its own.
+            let here = self.targets_in(scenario);
+            let beside_tlsgate =
+                matches!(scenario, "handshake" | "latency") && here.contains(&TargetKind::Tlsgate);
             let expected: Vec<TargetKind> = targets
                 .iter()
                 .copied()
                 .filter(|t| {
-                    *t != TargetKind::TlsgateKeysInProcess
-                        || self
-                            .summaries
-                            .iter()
-                            .any(|s| s.scenario == scenario && s.target == *t)
+                    *t != TargetKind::TlsgateKeysInProcess || beside_tlsgate || here.contains(t)
                 })
                 .collect();
             for case in self.cases(scenario) {
@@ -1142,6 +1152,19 @@ mod tests {
             missing(&r),
             ["handshake TLS1.3 ECDSA resumed: tlsgate-inproc was not measured"]
         );
+        // Nothing of tlsgate-inproc in the handshake cells at all, though
+        // it ran elsewhere: missing too. And no table shows a target
+        // that its scenario did not measure.
+        r.cells
+            .retain(|c| c.target != TargetKind::TlsgateKeysInProcess);
+        let mut idle = cell(TargetKind::TlsgateKeysInProcess, 1000, 300_000_000, 0.5);
+        idle.scenario = "transfer".into();
+        idle.case = "1k".into();
+        r.cells.push(idle);
+        r.summarize();
+        assert_eq!(missing(&r).len(), 2, "{:?}", missing(&r));
+        assert_eq!(r.targets_in("handshake"), [TargetKind::Tlsgate]);
+        assert!(!r.markdown().contains("tlsgate-inproc CPU µs/hs"));
     }
 
     fn crosscheck(target: TargetKind, tool_us: f64, bench_us: f64) -> CrossCheck {

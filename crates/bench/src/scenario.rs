@@ -98,6 +98,9 @@ pub struct BenchOptions {
     pub tlsgate_bin: PathBuf,
     /// tlsgate's kernel-TLS policy (`offload` of its listener).
     pub tlsgate_offload: tlsgate_config::OffloadPolicy,
+    /// Measure key isolation's cost: tlsgate-inproc beside tlsgate in the
+    /// handshake and crosscheck scenarios.
+    pub isolation_cost: bool,
 }
 
 /// The eight handshake kinds: {1.3, 1.2} × {ECDSA, RSA} × {full, resumed}.
@@ -154,6 +157,7 @@ impl BenchOptions {
             placement: Placement::detect(),
             tlsgate_bin,
             tlsgate_offload: tlsgate_config::OffloadPolicy::Auto,
+            isolation_cost: true,
         }
     }
 
@@ -163,7 +167,8 @@ impl BenchOptions {
         let mut out = Vec::new();
         for kind in &self.targets {
             out.push(*kind);
-            if *kind == TargetKind::Tlsgate
+            if self.isolation_cost
+                && *kind == TargetKind::Tlsgate
                 && !self.targets.contains(&TargetKind::TlsgateKeysInProcess)
             {
                 out.push(TargetKind::TlsgateKeysInProcess);

@@ -118,7 +118,10 @@ impl ProxyMetrics {
     /// The series of server `labels`, created if new; kept until the last
     /// holder drops them.
     pub fn server(&self, labels: ServerLabels) -> ServerSeries {
-        self.live().servers.hold(labels.clone());
+        // Under the lock: a last holder's drop removing the series now
+        // cannot detach the handles taken here.
+        let mut live = self.live();
+        live.servers.hold(labels.clone());
         ServerSeries {
             requests: self.requests.get_or_create(&labels).clone(),
             response_seconds: self.response_seconds.get_or_create(&labels).clone(),
@@ -132,7 +135,8 @@ impl ProxyMetrics {
 
     /// The series of pool `name`, as [`ProxyMetrics::server`].
     pub fn pool(&self, name: &str) -> PoolSeries {
-        self.live().pools.hold(name.to_string());
+        let mut live = self.live();
+        live.pools.hold(name.to_string());
         let label = PoolLabel {
             pool: name.to_string(),
         };
@@ -222,10 +226,12 @@ impl<K: std::hash::Hash + Eq, R: PartialEq> Users<K, R> {
         self.0.entry(key).or_insert((0, Vec::new())).0 += 1;
     }
 
-    fn record(&mut self, key: K, extra: R) {
-        let seen = &mut self.0.entry(key).or_insert((0, Vec::new())).1;
-        if !seen.contains(&extra) {
-            seen.push(extra);
+    /// Notes a label value created under `key`, which a holder has.
+    fn record(&mut self, key: &K, extra: R) {
+        if let Some((_, seen)) = self.0.get_mut(key) {
+            if !seen.contains(&extra) {
+                seen.push(extra);
+            }
         }
     }
 
@@ -267,7 +273,7 @@ impl ServerSeries {
     /// Counts a failure of `kind`.
     pub fn count_error(&self, kind: &'static str) {
         let mut live = self.metrics.live();
-        live.servers.record(self.labels.clone(), Extra::Error(kind));
+        live.servers.record(&self.labels, Extra::Error(kind));
         self.metrics
             .errors
             .get_or_create(&ServerErrorLabels {
@@ -281,8 +287,7 @@ impl ServerSeries {
     /// Counts a resolution of its name, by `result`.
     pub fn count_resolution(&self, result: &'static str) {
         let mut live = self.metrics.live();
-        live.servers
-            .record(self.labels.clone(), Extra::Resolution(result));
+        live.servers.record(&self.labels, Extra::Resolution(result));
         self.metrics
             .resolutions
             .get_or_create(&ResolutionLabels {
@@ -297,7 +302,9 @@ impl ServerSeries {
 impl Drop for ServerSeries {
     fn drop(&mut self) {
         let m = &self.metrics;
-        let Some(extra) = m.live().servers.release(&self.labels) else {
+        // The lock is held until the series are gone (see `server`).
+        let mut live = m.live();
+        let Some(extra) = live.servers.release(&self.labels) else {
             return;
         };
         let l = &self.labels;
@@ -338,7 +345,7 @@ impl PoolSeries {
     /// Counts an error answer of the proxy's (502, 503, 504) and why.
     pub fn count_answer(&self, status: u16, reason: &'static str) {
         let mut live = self.metrics.live();
-        live.pools.record(self.label.pool.clone(), (status, reason));
+        live.pools.record(&self.label.pool, (status, reason));
         self.metrics
             .proxy_errors
             .get_or_create(&ProxyErrorLabels {
@@ -353,7 +360,8 @@ impl PoolSeries {
 impl Drop for PoolSeries {
     fn drop(&mut self) {
         let m = &self.metrics;
-        let Some(answers) = m.live().pools.release(&self.label.pool) else {
+        let mut live = m.live();
+        let Some(answers) = live.pools.release(&self.label.pool) else {
             return;
         };
         m.retries.remove(&self.label);

@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use tlsgate_config::{ConfigError, HashKey, Upstream};
@@ -45,6 +45,21 @@ pub(crate) struct Server {
     /// This server's series, looked up once (not per request: a lock and a
     /// hash of two strings each); gone with the last pool that has it.
     pub(crate) series: ServerSeries,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // The gauge outlives this pool when a reload kept the server: its
+        // idle connections, closed now, must leave the count.
+        let idle: usize = self
+            .idle
+            .iter_mut()
+            .map(|m| m.get_mut().unwrap_or_else(PoisonError::into_inner).len())
+            .sum();
+        self.series
+            .connections_idle
+            .dec_by(i64::try_from(idle).unwrap_or(i64::MAX));
+    }
 }
 
 impl Server {

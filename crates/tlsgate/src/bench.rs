@@ -18,7 +18,8 @@ pub struct BenchArgs {
     quick: bool,
     /// Targets, comma-separated: tlsgate,nginx,haproxy, and tlsgate-inproc
     /// (tlsgate with its keys in the worker, `key_isolation = false`; the
-    /// handshake and crosscheck scenarios add it beside tlsgate anyway).
+    /// handshake and crosscheck scenarios add it beside tlsgate unless
+    /// --no-isolation-cost).
     #[arg(long, value_delimiter = ',', default_value = "tlsgate,nginx,haproxy")]
     targets: Vec<String>,
     /// Where results.json, report.md and the plots go
@@ -46,6 +47,10 @@ pub struct BenchArgs {
     /// 0 for none.
     #[arg(long, value_delimiter = ',')]
     idle_connections: Vec<usize>,
+    /// Leave tlsgate-inproc out of the handshake and crosscheck scenarios
+    /// (key isolation's cost is then not measured).
+    #[arg(long)]
+    no_isolation_cost: bool,
     /// Transfer scenario file sizes, comma-separated (e.g. 16k,1m,10m).
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<String>,
@@ -95,6 +100,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
     };
     let mut opts = BenchOptions::new(args.quick, bin);
     opts.targets = targets;
+    opts.isolation_cost = !args.no_isolation_cost;
     if let Some(r) = args.repeats {
         opts.repeats = r.max(1);
     }

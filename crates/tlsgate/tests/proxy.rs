@@ -1070,9 +1070,10 @@ fn a_reload_keeps_a_server_found_down_out_of_service() {
 }
 
 /// A reload that removes a server and a pool removes their series from
-/// `/metrics` once the old generation's last request is done: no health
-/// state, connection count or error counter of a server no longer
-/// configured stays there.
+/// `/metrics` once the last connection of the old generation is done: no
+/// health state, connection count or error counter of a server no longer
+/// configured stays there. A server it keeps counts on, and its idle
+/// connections in the old pools leave the count with them.
 #[test]
 fn a_reload_drops_the_series_of_servers_and_pools_it_removes() {
     let fx = Fixture::new();
@@ -1094,18 +1095,14 @@ fn a_reload_drops_the_series_of_servers_and_pools_it_removes() {
     };
     let both = [(a.address(), 1), (b.address(), 1)];
     let server = Server::start(&fx, &text(&both, true));
-    let healthy = |s: &Upstream| {
-        format!(
-            "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1",
-            s.address()
-        )
-    };
+    let series = |name: &str, s: &str| format!("{name}{{pool=\"app\",server=\"{s}\"}}");
+    let healthy = |s: &Upstream| format!("{} 1", series("tlsgate_upstream_healthy", &s.address()));
     server.expect_metric_line(&healthy(&b));
     let seen = count_ids(&server, "/id", 10);
     assert_eq!(seen.len(), 2, "{seen:?}");
-    let mut s = tls_connect(server.addr);
-    assert_eq!(get(&mut s, "/old/x", "").unwrap().status, 502);
-    drop(s);
+    // A keep-alive client of the old generation, open across the reload.
+    let mut held = tls_connect(server.addr);
+    assert_eq!(get(&mut held, "/old/x", "").unwrap().status, 502);
     let failed = format!(
         "tlsgate_upstream_errors_total{{pool=\"old\",server=\"{nowhere}\",kind=\"connect\"}} 1"
     );
@@ -1114,13 +1111,26 @@ fn a_reload_drops_the_series_of_servers_and_pools_it_removes() {
         before.contains("tlsgate_proxy_errors_total{pool=\"old\",status=\"502\""),
         "{before}"
     );
+    let idle_a = series("tlsgate_upstream_connections_idle", &a.address());
+    assert!(!before.contains(&format!("{idle_a} 0")), "{before}");
     fx.write_config(&text(&[(a.address(), 1)], false));
     server.signal("HUP");
     server.wait_log("reloaded configuration from", Duration::from_secs(5));
-    let gone = |t: &str| !t.contains(&b.address()) && !t.contains("pool=\"old\"");
+    let b_label = format!("server=\"{}\"", b.address());
+    let gone = |t: &str| !t.contains(&b_label) && !t.contains("pool=\"old\"");
+    std::thread::sleep(Duration::from_millis(300));
+    let while_held = server.admin_get("/metrics");
+    assert!(
+        while_held.contains(&b_label) && while_held.contains(&failed),
+        "the old generation still serves a connection:\n{while_held}"
+    );
+    drop(held);
     let after = server.metrics_when(gone);
     assert!(gone(&after), "series of removed servers left:\n{after}");
     assert!(after.contains(&healthy(&a)), "{after}");
+    // The old pools' idle connections to a went with them; the new pool
+    // has made none yet.
+    assert!(after.contains(&format!("{idle_a} 0")), "{after}");
     assert_eq!(count_ids(&server, "/id", 4).get("a"), Some(&4));
 }
 
