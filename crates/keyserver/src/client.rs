@@ -9,8 +9,9 @@
 //! waiting until the supervisor's next key server is connected and loaded.
 //!
 //! Signatures take a shorter way: each thread that signs opens its own
-//! lane to the key server (a socket pair, one end sent over the shared
-//! connection), then writes its request and reads the answer itself. That
+//! lane to the key server (a sequenced-packet socket pair, one end sent
+//! over the shared connection; see `tlsgate_sys::ipc::packet_pair` for why
+//! not a stream), then writes its request and reads the answer itself. That
 //! saves the reader thread's wake-up and the hand-over per signature; a
 //! thread whose lane cannot be had signs over the shared connection.
 
@@ -201,7 +202,7 @@ impl Connection {
         if lock(&self.direct).is_some() || !self.alive.load(Ordering::SeqCst) {
             return Err(io::ErrorKind::NotConnected.into());
         }
-        let (ours, theirs) = tlsgate_sys::ipc::socket_pair()?;
+        let (ours, theirs) = tlsgate_sys::ipc::packet_pair()?;
         ours.set_read_timeout(Some(timeout))?;
         ours.set_write_timeout(Some(timeout))?;
         let mut frame = Vec::with_capacity(16);

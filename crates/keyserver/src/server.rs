@@ -258,7 +258,7 @@ pub fn serve(
                     // oldest not yet taken.
                     let fd = (!fds.is_empty()).then(|| fds.remove(0));
                     match fd {
-                        Some(fd) if tlsgate_sys::ipc::is_unix_stream(&fd) => {
+                        Some(fd) if tlsgate_sys::ipc::is_unix_packet(&fd) => {
                             open_lane(UnixStream::from(fd), &keys.by_id, &lanes);
                             continue;
                         }
@@ -439,7 +439,16 @@ mod tests {
 
         // A lane: its socket rides with the request; it signs, refuses a
         // load, and a request without a socket is refused on the connection.
-        let (mut lane, theirs) = UnixStream::pair().unwrap();
+        // A stream socket is refused as a lane (see `packet_pair`).
+        let (_stream, theirs) = UnixStream::pair().unwrap();
+        let mut frame = Vec::new();
+        proto::encode_request(&mut frame, 29, &Request::Lane);
+        tlsgate_sys::ipc::send_with_fd(&ours, &frame, &theirs).unwrap();
+        assert_eq!(
+            answers(&mut ours, 1),
+            vec![(29, Response::Failed(Failure::BadRequest))]
+        );
+        let (mut lane, theirs) = tlsgate_sys::ipc::packet_pair().unwrap();
         let mut frame = Vec::new();
         proto::encode_request(&mut frame, 0, &Request::Lane);
         tlsgate_sys::ipc::send_with_fd(&ours, &frame, &theirs).unwrap();

@@ -290,6 +290,18 @@ fn tls12_and_tls13_handshakes_with_ecdsa_and_rsa_sign_in_the_key_process() {
     let m = server.metrics_when(|t| t.contains("tlsgate_handshakes_total"));
     assert!(m.contains("tlsgate_key_up 1"), "{m}");
     assert!(!m.contains("key_unavailable"), "{m}");
+    // The signatures travelled on the workers' own lanes, not the shared
+    // connection a refused lane falls back to (silently, by design).
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{ks}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .collect();
+    assert!(
+        threads.iter().any(|t| t == "key-lane"),
+        "no lane thread in the key server: {threads:?}"
+    );
 }
 
 #[test]
