@@ -23,6 +23,11 @@ const ISOLATION_IDLE: f64 = 0.15;
 /// move up to ~10 % here).
 const AGREEMENT: f64 = 0.15;
 
+/// How much more `cost` is than `base` (0.1 for 10 %), if `base` was measured.
+fn excess(cost: f64, base: f64) -> Option<f64> {
+    (base > 0.0).then(|| cost / base - 1.0)
+}
+
 /// A generator that keeps its own cores this busy while the server is
 /// below [`SERVER_BUSY`] is the bottleneck, not the server.
 pub const CLIENT_SATURATED: f64 = 0.90;
@@ -507,25 +512,24 @@ impl Results {
     /// load, rank tlsgate against nginx alike: the tool's tlsgate ÷ nginx
     /// over the bench's, per cross-checked case.
     fn agreement_table(&self, out: &mut String) {
-        let find = |t: TargetKind, case: &str| {
-            self.crosschecks
-                .iter()
-                .find(|c| c.target == t && c.case == case)
-                .filter(|c| c.server_cpu_us_per_op > 0.0 && c.bench_cpu_us_per_op > 0.0)
-        };
+        let measured =
+            |c: &&CrossCheck| c.server_cpu_us_per_op > 0.0 && c.bench_cpu_us_per_op > 0.0;
         let mut rows = Vec::new();
-        for c in self
+        for t in self
             .crosschecks
             .iter()
             .filter(|c| c.target == TargetKind::Tlsgate)
+            .filter(measured)
         {
-            if let (Some(t), Some(n)) = (
-                find(TargetKind::Tlsgate, &c.case),
-                find(TargetKind::Nginx, &c.case),
-            ) {
+            let nginx = self
+                .crosschecks
+                .iter()
+                .filter(measured)
+                .find(|c| c.target == TargetKind::Nginx && c.case == t.case);
+            if let Some(n) = nginx {
                 let tool = t.server_cpu_us_per_op / n.server_cpu_us_per_op;
                 let bench = t.bench_cpu_us_per_op / n.bench_cpu_us_per_op;
-                rows.push((c.case.clone(), c.tool.clone(), tool, bench));
+                rows.push((t.case.clone(), t.tool.clone(), tool, bench));
             }
         }
         if rows.is_empty() {
@@ -555,7 +559,7 @@ impl Results {
     pub fn isolation_cost(&self, scenario: &str, case: &str) -> Option<f64> {
         let isolated = self.summary(scenario, case, TargetKind::Tlsgate)?;
         let inproc = self.summary(scenario, case, TargetKind::TlsgateKeysInProcess)?;
-        (inproc.cpu_us_per_op > 0.0).then(|| isolated.cpu_us_per_op / inproc.cpu_us_per_op - 1.0)
+        excess(isolated.cpu_us_per_op, inproc.cpu_us_per_op)
     }
 
     /// Key isolation's cost at each load this run measured, against issue
@@ -583,19 +587,12 @@ impl Results {
         ) {
             // Both measures of s_time's load: one 3 s run of each moves
             // by ±15 % here.
-            if inproc.server_cpu_us_per_op > 0.0 {
-                rows.push((
-                    format!("{}, `{}`", iso.case, iso.tool),
-                    iso.server_cpu_us_per_op / inproc.server_cpu_us_per_op - 1.0,
-                    ISOLATION_IDLE,
-                ));
+            if let Some(c) = excess(iso.server_cpu_us_per_op, inproc.server_cpu_us_per_op) {
+                rows.push((format!("{}, `{}`", iso.case, iso.tool), c, ISOLATION_IDLE));
             }
-            if inproc.bench_cpu_us_per_op > 0.0 {
-                rows.push((
-                    format!("{}, bench generator at s_time's rate", iso.case),
-                    iso.bench_cpu_us_per_op / inproc.bench_cpu_us_per_op - 1.0,
-                    ISOLATION_IDLE,
-                ));
+            if let Some(c) = excess(iso.bench_cpu_us_per_op, inproc.bench_cpu_us_per_op) {
+                let case = format!("{}, bench generator at s_time's rate", iso.case);
+                rows.push((case, c, ISOLATION_IDLE));
             }
         }
         if rows.is_empty() {

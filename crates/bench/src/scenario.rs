@@ -183,7 +183,6 @@ impl BenchOptions {
             core: self.placement.server_core,
             max_file,
             tlsgate_bin: self.tlsgate_bin.clone(),
-            tlsgate_server_extra: String::new(),
             tlsgate_offload: self.tlsgate_offload,
             proxy_to: None,
         }

@@ -84,8 +84,6 @@ pub struct TargetSettings {
     pub max_file: u64,
     /// The tlsgate binary.
     pub tlsgate_bin: PathBuf,
-    /// Extra TOML for tlsgate's `[server]` section.
-    pub tlsgate_server_extra: String,
     /// tlsgate's kernel-TLS policy.
     pub tlsgate_offload: tlsgate_config::OffloadPolicy,
     /// Proxy every request to this plain-HTTP/1.1 server (keep-alive)
@@ -232,13 +230,11 @@ impl Target {
         let (program, args, version) = match kind {
             TargetKind::Tlsgate | TargetKind::TlsgateKeysInProcess => {
                 let conf = dir.join("tlsgate.toml");
-                let mut settings = settings.clone();
-                if kind == TargetKind::TlsgateKeysInProcess {
-                    settings
-                        .tlsgate_server_extra
-                        .push_str("\nkey_isolation = false\n");
-                }
-                write(&conf, &tlsgate_config(materials, addr, &settings))?;
+                let keys_in_process = kind == TargetKind::TlsgateKeysInProcess;
+                write(
+                    &conf,
+                    &tlsgate_config(materials, addr, settings, keys_in_process),
+                )?;
                 let bin = settings.tlsgate_bin.display().to_string();
                 (
                     bin.clone(),
@@ -425,8 +421,14 @@ const GROUPS: &str = "X25519:P-256";
 /// TLS 1.2 sessions the bench's tlsgate keeps for resumption by ID.
 pub const TLSGATE_SESSION_CACHE: usize = 20_480;
 
-/// tlsgate: one worker, no admin listener, no access log.
-pub fn tlsgate_config(m: &Materials, addr: SocketAddr, s: &TargetSettings) -> String {
+/// tlsgate: one worker, no admin listener, no access log; its keys in the
+/// worker when `keys_in_process` (tlsgate-inproc).
+pub fn tlsgate_config(
+    m: &Materials,
+    addr: SocketAddr,
+    s: &TargetSettings,
+    keys_in_process: bool,
+) -> String {
     format!(
         r#"[server]
 workers = 1
@@ -487,7 +489,11 @@ client_auth = "required"
 client_ca = "{client_ca}"
 {proxy}"#,
         proxy = s.proxy_to.map(tlsgate_proxy_section).unwrap_or_default(),
-        extra = s.tlsgate_server_extra,
+        extra = if keys_in_process {
+            "key_isolation = false\n"
+        } else {
+            ""
+        },
         offload = s.tlsgate_offload.as_str(),
         session_cache = TLSGATE_SESSION_CACHE,
         root = m.root.display(),
@@ -732,4 +738,38 @@ backend upstream
         ecdsa = m.ecdsa.combined.display(),
         rsa = m.rsa.combined.display(),
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// tlsgate-inproc is tlsgate with its keys in the worker, and nothing
+    /// else changed; the config parses as tlsgate's own.
+    #[test]
+    fn inproc_differs_from_tlsgate_only_by_key_isolation() {
+        let m = Materials::create().unwrap();
+        let settings = TargetSettings {
+            core: None,
+            max_file: 1 << 10,
+            tlsgate_bin: PathBuf::from("tlsgate"),
+            tlsgate_offload: tlsgate_config::OffloadPolicy::Auto,
+            proxy_to: None,
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], 1));
+        let isolated = tlsgate_config(&m, addr, &settings, false);
+        let inproc = tlsgate_config(&m, addr, &settings, true);
+        assert_eq!(
+            inproc.replace("key_isolation = false\n", ""),
+            isolated,
+            "{inproc}"
+        );
+        for (text, isolation) in [(&isolated, true), (&inproc, false)] {
+            let path = m.dir().join("check.toml");
+            fs::write(&path, text).unwrap();
+            let config = tlsgate_config::load(Some(&path), &Default::default(), m.dir()).unwrap();
+            assert_eq!(config.keys.isolation, isolation, "{text}");
+        }
+    }
 }

@@ -265,23 +265,27 @@ pub struct ServerSeries {
 }
 
 impl ServerSeries {
-    /// Its labels.
-    pub fn labels(&self) -> &ServerLabels {
-        &self.labels
+    fn error(&self, kind: &'static str) -> ServerErrorLabels {
+        ServerErrorLabels {
+            pool: self.labels.pool.clone(),
+            server: self.labels.server.clone(),
+            kind,
+        }
+    }
+
+    fn resolution(&self, result: &'static str) -> ResolutionLabels {
+        ResolutionLabels {
+            pool: self.labels.pool.clone(),
+            server: self.labels.server.clone(),
+            result,
+        }
     }
 
     /// Counts a failure of `kind`.
     pub fn count_error(&self, kind: &'static str) {
         let mut live = self.metrics.live();
         live.servers.record(&self.labels, Extra::Error(kind));
-        self.metrics
-            .errors
-            .get_or_create(&ServerErrorLabels {
-                pool: self.labels.pool.clone(),
-                server: self.labels.server.clone(),
-                kind,
-            })
-            .inc();
+        self.metrics.errors.get_or_create(&self.error(kind)).inc();
     }
 
     /// Counts a resolution of its name, by `result`.
@@ -290,11 +294,7 @@ impl ServerSeries {
         live.servers.record(&self.labels, Extra::Resolution(result));
         self.metrics
             .resolutions
-            .get_or_create(&ResolutionLabels {
-                pool: self.labels.pool.clone(),
-                server: self.labels.server.clone(),
-                result,
-            })
+            .get_or_create(&self.resolution(result))
             .inc();
     }
 }
@@ -313,19 +313,10 @@ impl Drop for ServerSeries {
         m.healthy.remove(l);
         m.connections_open.remove(l);
         m.connections_idle.remove(l);
-        let (pool, server) = (l.pool.clone(), l.server.clone());
         for e in extra {
             match e {
-                Extra::Error(kind) => m.errors.remove(&ServerErrorLabels {
-                    pool: pool.clone(),
-                    server: server.clone(),
-                    kind,
-                }),
-                Extra::Resolution(result) => m.resolutions.remove(&ResolutionLabels {
-                    pool: pool.clone(),
-                    server: server.clone(),
-                    result,
-                }),
+                Extra::Error(kind) => m.errors.remove(&self.error(kind)),
+                Extra::Resolution(result) => m.resolutions.remove(&self.resolution(result)),
             };
         }
     }
@@ -342,17 +333,21 @@ pub struct PoolSeries {
 }
 
 impl PoolSeries {
+    fn answer(&self, status: u16, reason: &'static str) -> ProxyErrorLabels {
+        ProxyErrorLabels {
+            pool: self.label.pool.clone(),
+            status,
+            reason,
+        }
+    }
+
     /// Counts an error answer of the proxy's (502, 503, 504) and why.
     pub fn count_answer(&self, status: u16, reason: &'static str) {
         let mut live = self.metrics.live();
         live.pools.record(&self.label.pool, (status, reason));
         self.metrics
             .proxy_errors
-            .get_or_create(&ProxyErrorLabels {
-                pool: self.label.pool.clone(),
-                status,
-                reason,
-            })
+            .get_or_create(&self.answer(status, reason))
             .inc();
     }
 }
@@ -366,11 +361,7 @@ impl Drop for PoolSeries {
         };
         m.retries.remove(&self.label);
         for (status, reason) in answers {
-            m.proxy_errors.remove(&ProxyErrorLabels {
-                pool: self.label.pool.clone(),
-                status,
-                reason,
-            });
+            m.proxy_errors.remove(&self.answer(status, reason));
         }
     }
 }
