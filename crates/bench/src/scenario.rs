@@ -265,11 +265,27 @@ fn start_these(
     Ok(targets)
 }
 
+/// Which servers the cells of a scenario measure.
+#[derive(Clone, Copy)]
+enum Servers<'a> {
+    /// The same server of each target for every cell: CPU is measured,
+    /// and a warm server is what is meant.
+    Kept,
+    /// A server started afresh for every cell: memory is measured, and
+    /// what an earlier cell left in the allocator would count in this one
+    /// (freed pages that jemalloc keeps for a while, glibc's heap, which
+    /// nginx never gives back after a peak: measured at 1 GB through every
+    /// later cell after one stream repeat had needed it).
+    Fresh(&'a Materials, &'a TargetSettings),
+}
+
 /// Runs `cases` × targets × repeats, interleaved.
+#[allow(clippy::too_many_arguments)]
 fn interleave<C>(
     targets: &mut [Target],
     opts: &BenchOptions,
     scenario: &str,
+    servers: Servers<'_>,
     cases: &[C],
     label: impl Fn(&C) -> String,
     job: impl Fn(&C, &Target) -> Job,
@@ -287,6 +303,9 @@ fn interleave<C>(
                     opts.repeats,
                     t.kind()
                 );
+                if let Servers::Fresh(materials, settings) = servers {
+                    t.restart(materials, settings)?;
+                }
                 let j = job(case, t);
                 let cell = Runner::measure(t, scenario, &name, repeat, j)?;
                 results.cells.push(cell);
@@ -327,6 +346,7 @@ fn latency_at_half_nginx(
         targets,
         opts,
         "latency",
+        Servers::Kept,
         &[rate],
         |r| format!("{} at {r:.0}/s (half nginx's max)", profile.label()),
         |r, t| {
@@ -359,6 +379,7 @@ fn saturated_handshakes(
         targets,
         opts,
         "handshake",
+        Servers::Kept,
         &opts.handshake_kinds,
         TlsProfile::label,
         |profile, t| {
@@ -394,6 +415,7 @@ fn transfer(
         &mut targets,
         opts,
         "transfer",
+        Servers::Kept,
         &paths,
         |(size, _)| size_name(*size),
         |(_, path), t| {
@@ -435,11 +457,14 @@ fn stream(
     // configured with.
     let small = materials.file(1 << 10)?;
     let mut targets = start_all(materials, opts, 1 << 20, results)?;
+    let settings = opts.settings(1 << 20);
+    let fresh = Servers::Fresh(materials, &settings);
     let interval = (Duration::from_secs(1), Duration::from_secs(5));
     interleave(
         &mut targets,
         opts,
         "stream",
+        fresh,
         &points,
         |c| format!("{c}"),
         |connections, t| {
@@ -469,7 +494,7 @@ fn stream(
         },
         results,
     )?;
-    idle(&small, opts, &mut targets, results)
+    idle(&small, opts, fresh, &mut targets, results)
 }
 
 /// The stream scenario's idle points: keep-alive connections that made one
@@ -478,6 +503,7 @@ fn stream(
 fn idle(
     path: &str,
     opts: &BenchOptions,
+    servers: Servers<'_>,
     targets: &mut [Target],
     results: &mut Results,
 ) -> Result<(), BenchError> {
@@ -491,6 +517,7 @@ fn idle(
         targets,
         opts,
         IDLE,
+        servers,
         &opts.idle_connections,
         |c| format!("{c}"),
         |connections, t| {

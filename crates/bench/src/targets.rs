@@ -301,6 +301,20 @@ impl Target {
         Ok(Self { kind, server })
     }
 
+    /// Stops the server, then starts it again under a new port with
+    /// nothing left of what it served before.
+    pub fn restart(
+        &mut self,
+        materials: &Materials,
+        settings: &TargetSettings,
+    ) -> Result<(), BenchError> {
+        // Stopped first: the old server's memory and sockets are gone
+        // before the new one starts.
+        stop(&mut self.server.child);
+        *self = Target::start(self.kind, materials, settings)?;
+        Ok(())
+    }
+
     /// An error carrying the end of the target's log.
     pub fn failure(&self, problem: String) -> BenchError {
         self.server.failure(problem)

@@ -166,6 +166,26 @@ fn quick_bench_measures_every_scenario_on_every_target() {
         report.contains("## Idle: keep-alive connections"),
         "{report}"
     );
+    // Memory cells run on servers started afresh: each target's stream
+    // and idle cells start from the same PSS. On the server a stream cell
+    // left behind, the idle cell started 17–27 % higher (what the
+    // allocator kept), and nginx once stayed at 1 GB for every later cell.
+    let cells = results["cells"].as_array().unwrap();
+    for target in ["tlsgate", "nginx", "haproxy"] {
+        let before: Vec<f64> = cells
+            .iter()
+            .filter(|c| {
+                (c["scenario"] == "stream" || c["scenario"] == "idle") && c["target"] == target
+            })
+            .map(|c| c["pss_before"].as_f64().unwrap())
+            .collect();
+        assert_eq!(before.len(), 2, "stream and idle cells of {target}");
+        let (low, high) = (before[0].min(before[1]), before[0].max(before[1]));
+        assert!(
+            low > 0.0 && high <= low * 1.1,
+            "{target}: PSS before its memory cells {before:?}: not a fresh server each"
+        );
+    }
     // Latency at half nginx's rate was measured on every target.
     let latency: Vec<_> = summaries
         .iter()

@@ -822,6 +822,37 @@ fn private_bytes(pid: u32) -> u64 {
     kib * 1024
 }
 
+/// jemalloc's own statistics, printed at exit, of `tlsgate check-config`
+/// run with `MALLOC_CONF` set to `conf` (plus `stats_print:true`).
+fn allocator_settings(conf: &str) -> String {
+    let fx = Fixture::new();
+    let config = fx.write_config(&fx.config("", ""));
+    let out = Command::new(bin())
+        .args(["check-config", config.to_str().unwrap()])
+        .env("MALLOC_CONF", format!("{conf}stats_print:true"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "check-config failed: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn jemalloc_returns_freed_pages_within_a_second_and_takes_the_operators_setting() {
+    // Built in (.cargo/config.toml): freed pages go back to the kernel
+    // after 1 s rather than jemalloc's 10 s (docs/bench.md, "jemalloc's
+    // settings"); `MALLOC_CONF` in the service's environment overrides it.
+    let built_in = allocator_settings("");
+    assert!(
+        built_in.contains("opt.dirty_decay_ms: 1000 "),
+        "jemalloc's settings:\n{built_in}"
+    );
+    let chosen = allocator_settings("dirty_decay_ms:250,");
+    assert!(
+        chosen.contains("opt.dirty_decay_ms: 250 "),
+        "jemalloc's settings:\n{chosen}"
+    );
+}
+
 #[test]
 fn idle_keep_alive_connections_hold_little_memory() {
     // An idle connection gives its read and response buffers back to its
