@@ -510,7 +510,7 @@ mod tests {
         old_b.count_error("connect");
         old_b.count_resolution("unchanged");
         old_pool.count_answer(502, "connect");
-        old_pool.retries.inc();
+        old_a.retries.inc();
         // The reload keeps a and the pool, drops b.
         let new_a = server(&m, "a:80");
         let new_pool = m.proxy.pool("app");
@@ -522,7 +522,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains(r#"tlsgate_upstream_retries_total{pool="app"} 1"#),
+            text.contains(r#"tlsgate_upstream_retries_total{pool="app",server="a:80"} 1"#),
             "{text}"
         );
         assert!(

@@ -85,8 +85,9 @@ pub struct ProxyMetrics {
     pub connections_open: Family<ServerLabels, Gauge>,
     /// Of those, idle in the keep-alive pools.
     pub connections_idle: Family<ServerLabels, Gauge>,
-    /// Tries after the first.
-    pub retries: Family<PoolLabel, Counter>,
+    /// Tries made again after one failed on this server (on another
+    /// server, or on a new connection when it is the pool's only one).
+    pub retries: Family<ServerLabels, Counter>,
     /// Error answers to clients.
     pub proxy_errors: Family<ProxyErrorLabels, Counter>,
     /// Host names resolved again while running.
@@ -128,6 +129,7 @@ impl ProxyMetrics {
             healthy: self.healthy.get_or_create(&labels).clone(),
             connections_open: self.connections_open.get_or_create(&labels).clone(),
             connections_idle: self.connections_idle.get_or_create(&labels).clone(),
+            retries: self.retries.get_or_create(&labels).clone(),
             metrics: self.clone(),
             labels,
         }
@@ -141,7 +143,6 @@ impl ProxyMetrics {
             pool: name.to_string(),
         };
         PoolSeries {
-            retries: self.retries.get_or_create(&label).clone(),
             metrics: self.clone(),
             label,
         }
@@ -180,7 +181,7 @@ impl ProxyMetrics {
         );
         r.register(
             "upstream_retries",
-            "Requests tried again on another server",
+            "Requests tried again after a try failed on this upstream server",
             self.retries.clone(),
         );
         r.register(
@@ -262,6 +263,8 @@ pub struct ServerSeries {
     pub connections_open: Gauge,
     /// Of those, idle.
     pub connections_idle: Gauge,
+    /// Tries made again after one failed here.
+    pub retries: Counter,
 }
 
 impl ServerSeries {
@@ -313,6 +316,7 @@ impl Drop for ServerSeries {
         m.healthy.remove(l);
         m.connections_open.remove(l);
         m.connections_idle.remove(l);
+        m.retries.remove(l);
         for e in extra {
             match e {
                 Extra::Error(kind) => m.errors.remove(&self.error(kind)),
@@ -328,8 +332,6 @@ impl Drop for ServerSeries {
 pub struct PoolSeries {
     metrics: ProxyMetrics,
     label: PoolLabel,
-    /// Tries after the first.
-    pub retries: Counter,
 }
 
 impl PoolSeries {
@@ -359,7 +361,6 @@ impl Drop for PoolSeries {
         let Some(answers) = live.pools.release(&self.label.pool) else {
             return;
         };
-        m.retries.remove(&self.label);
         for (status, reason) in answers {
             m.proxy_errors.remove(&self.answer(status, reason));
         }

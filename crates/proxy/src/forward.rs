@@ -485,12 +485,14 @@ async fn exchange<'p, B: RequestBody>(
     let mut tried: Vec<usize> = Vec::new();
     let mut last: Option<Failed> = None;
     let attempts = 1 + pool.cfg.retries as usize;
-    for attempt in 0..attempts {
+    for _ in 0..attempts {
         let Some(mut lease) = pool.choose(&tried, p.key) else {
             break;
         };
-        if attempt > 0 {
-            pool.count_retry();
+        // Counted against the server whose try failed (the last one, also
+        // when a stale keep-alive connection sends it back to the same).
+        if let Some(failed_on) = last.as_ref().and_then(|f| f.server) {
+            pool.count_retry(failed_on);
         }
         tried.push(lease.server);
         pool.count_request(lease.server);

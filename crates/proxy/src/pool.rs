@@ -443,8 +443,11 @@ impl Pool {
         }
     }
 
-    pub(crate) fn count_retry(&self) {
-        self.series.retries.inc();
+    /// Counts a try made again after one failed on server `failed_on`.
+    pub(crate) fn count_retry(&self, failed_on: usize) {
+        if let Some(s) = self.servers.get(failed_on) {
+            s.series.retries.inc();
+        }
     }
 
     pub(crate) fn update_health_gauge(&self, i: usize) {

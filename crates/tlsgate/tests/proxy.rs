@@ -355,6 +355,20 @@ fn a_killed_upstream_fails_no_idempotent_request() {
         )),
         "{m}"
     );
+    // The tries that failed on the killed server were made again, and
+    // counted against it; none failed on c.
+    let retried = |server: &Upstream| -> u64 {
+        let line = format!(
+            "tlsgate_upstream_retries_total{{pool=\"app\",server=\"{}\"}} ",
+            server.address()
+        );
+        m.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line}in {m}"))
+    };
+    assert!(retried(&a) >= 1, "{m}");
+    assert_eq!(retried(&c), 0, "{m}");
     server.wait_log("upstream server out of service", Duration::from_secs(2));
 }
 
@@ -1334,7 +1348,10 @@ fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
         assert_eq!((r.status, body_text(&r).as_str()), (200, "a"), "{}", r.head);
         assert_eq!(a.conns.load(Ordering::Relaxed), round + 1);
     }
-    server.expect_metric_line("tlsgate_upstream_retries_total{pool=\"app\"} 3");
+    server.expect_metric_line(&format!(
+        "tlsgate_upstream_retries_total{{pool=\"app\",server=\"{}\"}} 3",
+        a.address()
+    ));
 }
 
 #[test]
