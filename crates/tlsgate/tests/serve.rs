@@ -902,6 +902,157 @@ fn idle_keep_alive_connections_hold_little_memory() {
     }
 }
 
+/// A network namespace of a test's own, removed when dropped.
+struct Namespace(String);
+
+impl Namespace {
+    fn new(tag: &str) -> Namespace {
+        let name = format!("tlsgate-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let ns = Namespace(name);
+        ns.run(&["ip", "netns", "add", &ns.0]);
+        ns.exec(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn run(&self, argv: &[&str]) -> String {
+        let out = Command::new(argv[0])
+            .args(&argv[1..])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("{argv:?}: {e} (needs iproute2 and root: ./dev setup, as root)")
+            });
+        assert!(out.status.success(), "{argv:?} failed: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs `argv` inside the namespace and returns what it printed.
+    fn exec(&self, argv: &[&str]) -> String {
+        let mut all = vec!["ip", "netns", "exec", &self.0];
+        all.extend_from_slice(argv);
+        self.run(&all)
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// Python: `n` TLS clients each ask for `path` with a 64 KiB receive
+/// buffer and never read; "ready" once all have sent, then they hold on
+/// until standard input closes.
+const STALLED_CLIENTS: &str = r#"
+import socket, ssl, sys
+n, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
+held = []
+for _ in range(n):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    s.connect(("127.0.0.1", port))
+    t = ctx.wrap_socket(s, server_hostname="localhost")
+    t.sendall(("GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n").encode())
+    held.append(t)
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+/// Starts `n` stalled clients inside `ns`; they hold on until dropped.
+fn stalled_clients(ns: &Namespace, n: usize, port: u16, path: &str) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns.0, "python3", "-c", STALLED_CLIENTS])
+        .args([&n.to_string(), &port.to_string(), path])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 must be installed (./dev setup installs it)");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "the stalled clients did not start");
+    child
+}
+
+/// Ends the stalled clients: their standard input closes, they exit.
+fn let_go(mut clients: std::process::Child) {
+    drop(clients.stdin.take());
+    clients.wait().unwrap();
+}
+
+#[test]
+fn clients_that_stop_reading_hold_little_memory_each() {
+    // Each client asks for 1 MiB and reads nothing. With the namespace's
+    // send buffers capped at 16 KiB (a host-wide sysctl anywhere else),
+    // the body waits in the server, not in the kernel: what the server
+    // holds per stalled response is then what it keeps of a turn the
+    // socket did not take (~26 KiB of ciphertext, no plaintext). nginx,
+    // measured the same way, held 120 KiB each (docs/bench.md, "A client
+    // that stops reading").
+    const CLIENTS: usize = 300;
+    let fx = Fixture::new();
+    let ns = Namespace::new("stall");
+    ns.exec(&["sysctl", "-qw", "net.ipv4.tcp_wmem=4096 16384 16384"]);
+    let config = fx.write_config(&fx.config(
+        "[server]\nworkers = 1\n\n[limits]\nhandshake_rate_per_source = 0\nmax_handshakes_per_source = 0\nmax_connections_per_ip = 2000\n",
+        "",
+    ));
+    // Freed pages go back at once: what is counted is live.
+    let s = Server::spawn_under(
+        &[
+            "ip",
+            "netns",
+            "exec",
+            &ns.0,
+            "env",
+            "MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0",
+        ],
+        &["serve", "--config", config.to_str().unwrap(), "--admin", ""],
+    );
+    let port = s.addr.port();
+    // Warm: the allocator, the key process, the file cache.
+    let_go(stalled_clients(&ns, 20, port, "/big.bin"));
+    std::thread::sleep(Duration::from_millis(500));
+    let before = private_bytes(s.pid());
+    let held = stalled_clients(&ns, CLIENTS, port, "/big.bin");
+    std::thread::sleep(Duration::from_secs(1));
+    let per_client = private_bytes(s.pid()).saturating_sub(before) as f64 / CLIENTS as f64;
+    // The responses are stuck, and not in the kernel: every server
+    // socket's send queue is full at the cap (16 KiB, doubled by the
+    // kernel, and then some), so most of each 1 MiB body is still to
+    // leave the server.
+    let sockets = ns.exec(&[
+        "ss",
+        "-tnH",
+        "state",
+        "established",
+        "sport",
+        "=",
+        &format!(":{port}"),
+    ]);
+    let full = sockets
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .filter(|queued| (8 * 1024..=64 * 1024).contains(queued))
+        .count();
+    assert!(
+        full >= CLIENTS * 9 / 10,
+        "{full} of {CLIENTS} server sockets full at the capped send buffer:\n{sockets}"
+    );
+    let_go(held);
+    eprintln!(
+        "{:.1} KiB of private memory per client that stopped reading",
+        per_client / 1024.0
+    );
+    assert!(
+        per_client < 64.0 * 1024.0,
+        "{:.1} KiB per stalled client",
+        per_client / 1024.0
+    );
+}
+
 #[test]
 fn a_slow_reader_gets_a_big_file_byte_exact() {
     // The server encrypts file chunks straight from one buffer per worker
