@@ -280,6 +280,12 @@ pub struct ListenerSection {
     /// requests no route matches are served from `root`.
     #[serde(rename = "route")]
     pub routes: Vec<crate::proxy::RouteSection>,
+    /// Load balancers trusted to begin each connection with a PROXY
+    /// protocol header (v1 or v2) naming the client: addresses or networks,
+    /// e.g. ["10.0.0.0/8", "192.0.2.7"]. A connection from one of them
+    /// must begin with the header; from anyone else it must not (a header
+    /// there is not trusted, and the handshake fails on it). Default: none.
+    pub proxy_protocol_from: Vec<String>,
 }
 
 /// `[[listener.certificate]]`

@@ -478,6 +478,47 @@ pub struct Listener {
     pub alpn: Vec<Alpn>,
     /// Routes to pools or other roots (`[[listener.route]]`), in file order.
     pub routes: Vec<Route>,
+    /// Sources whose connections begin with a PROXY protocol header
+    /// (`proxy_protocol_from`); empty: none.
+    pub proxy_protocol_from: TrustedProxies,
+}
+
+/// Networks trusted to send a PROXY protocol header, host bits cleared.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<ipnet::IpNet>);
+
+impl TrustedProxies {
+    /// Parses `"10.0.0.0/8"` or `"192.0.2.7"` entries; the error names
+    /// the entry and what was expected.
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let mut nets = Vec::with_capacity(entries.len());
+        for e in entries {
+            let net = match e.parse::<ipnet::IpNet>() {
+                Ok(n) => n.trunc(),
+                Err(_) => match e.parse::<std::net::IpAddr>() {
+                    Ok(ip) => ipnet::IpNet::from(ip),
+                    Err(_) => {
+                        return Err(format!(
+                            "{e:?} is not an address or network; expected e.g. \"10.0.0.0/8\", \"2001:db8::/32\" or \"192.0.2.7\""
+                        ))
+                    }
+                },
+            };
+            nets.push(net);
+        }
+        Ok(Self(nets))
+    }
+
+    /// True when no source is trusted (the default).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `ip` (an IPv4-mapped IPv6 address counts as IPv4) is trusted.
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.0.iter().any(|n| n.contains(&ip))
+    }
 }
 
 /// Reads a config file's text, for messages that need it.

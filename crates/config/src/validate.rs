@@ -651,6 +651,8 @@ fn validate_listener(
     };
     let offload = validate_offload(c, &key_path, ls)?;
     let alpn = crate::http2::validate_alpn(c, &format!("{key_path}.alpn"), ls.alpn.as_deref())?;
+    let proxy_protocol_from = crate::TrustedProxies::parse(&ls.proxy_protocol_from)
+        .map_err(|why| c.err(format!("{key_path}.proxy_protocol_from"), why))?;
     Ok(Listener {
         key_path,
         addrs,
@@ -662,6 +664,7 @@ fn validate_listener(
         offload,
         alpn,
         routes: Vec::new(),
+        proxy_protocol_from,
     })
 }
 
@@ -974,6 +977,8 @@ names = ["example.com", "*.example.com"]
             ("[files]\nopen_file_cache = \"many\"\n", "files.open_file_cache", "expected usize"),
             ("[files]\nopen_file_cache_content_max = 65537\n", "files.open_file_cache_content_max", "65536"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "\"10.0.0.0/33\" is not an address or network"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = \"10.0.0.0/8\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "expected a sequence"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();
@@ -984,6 +989,30 @@ names = ["example.com", "*.example.com"]
                 "{text:?} gave {e}, wanted {needle:?}"
             );
         }
+    }
+
+    #[test]
+    fn proxy_protocol_from_takes_addresses_and_networks_and_trusts_mapped_ipv4() {
+        let c = load_text("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.1.2.3/8\", \"192.0.2.7\", \"2001:db8::/32\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap();
+        let t = &c.listeners[0].proxy_protocol_from;
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        for yes in [
+            "10.200.0.1",
+            "192.0.2.7",
+            "2001:db8:5::1",
+            "::ffff:10.0.0.9",
+        ] {
+            assert!(t.trusts(ip(yes)), "{yes}");
+        }
+        for no in ["11.0.0.1", "192.0.2.8", "2001:db9::1", "::ffff:192.0.2.8"] {
+            assert!(!t.trusts(ip(no)), "{no}");
+        }
+        // Off unless asked for.
+        let builtin = load_text("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap();
+        assert!(builtin.listeners[0].proxy_protocol_from.is_empty());
+        assert!(!builtin.listeners[0]
+            .proxy_protocol_from
+            .trusts(ip("127.0.0.1")));
     }
 
     #[test]

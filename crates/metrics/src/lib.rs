@@ -71,10 +71,10 @@ pub struct H2ErrorLabel {
     pub code: &'static str,
 }
 
-/// A reload outcome.
+/// An outcome: of a reload, a ticket key refresh, a PROXY protocol header.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
-    /// "ok" or "error".
+    /// "ok" or "error", or the family's own outcomes.
     pub result: &'static str,
 }
 
@@ -121,6 +121,9 @@ pub struct Metrics {
     pub connections_total: Counter,
     /// Connections closed at accept by a limit.
     pub connections_rejected: Family<ReasonLabel, Counter>,
+    /// PROXY protocol headers from trusted balancers: `result` is the
+    /// version read ("v1", "v2") or why the connection was closed.
+    pub proxy_protocol_headers: Family<ResultLabel, Counter>,
     /// Completed handshakes.
     pub handshakes: Family<HandshakeLabels, Counter>,
     /// Failed handshakes by reason.
@@ -206,6 +209,7 @@ impl Metrics {
             connections_open: Gauge::default(),
             connections_total: Counter::default(),
             connections_rejected: Family::default(),
+            proxy_protocol_headers: Family::default(),
             handshakes: Family::default(),
             handshake_failures: Family::default(),
             // 50 µs … ~3.3 s
@@ -257,6 +261,11 @@ impl Metrics {
             "connections_rejected",
             "Connections refused at accept by a limit",
             m.connections_rejected.clone(),
+        );
+        r.register(
+            "proxy_protocol_headers",
+            "PROXY protocol headers from trusted balancers, by version read or by why the connection was closed",
+            m.proxy_protocol_headers.clone(),
         );
         r.register(
             "handshakes",

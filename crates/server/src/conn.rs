@@ -77,6 +77,68 @@ pub(crate) async fn handle(
     }
 }
 
+/// Serves a connection from a trusted load balancer (`proxy_protocol_from`):
+/// its PROXY protocol header, read within the handshake timeout, names the
+/// client, which the limits then admit or refuse as any other and which
+/// the connection is served as.
+pub(crate) async fn handle_proxied(
+    shared: Arc<Shared>,
+    listener: usize,
+    mut sock: TcpStream,
+    balancer: SocketAddr,
+) {
+    let wait = shared.current.load().config.limits.handshake_timeout;
+    let read = tokio::time::timeout(wait, crate::proxy_protocol::read_header(&mut sock)).await;
+    let count = |result: &'static str| {
+        shared
+            .metrics
+            .proxy_protocol_headers
+            .get_or_create(&tlsgate_metrics::ResultLabel { result })
+            .inc();
+    };
+    let header = match read {
+        Ok(Ok(h)) => h,
+        Ok(Err(e)) => {
+            count(e.reason());
+            // A client that went away is not the balancer's fault.
+            if !matches!(
+                e,
+                crate::proxy_protocol::HeaderError::Closed
+                    | crate::proxy_protocol::HeaderError::Io(_)
+            ) {
+                shared
+                    .proxy_header_warnings
+                    .bad_proxy_header(balancer.ip(), &e);
+            }
+            tracing::debug!(%balancer, "PROXY protocol header: {e}");
+            return;
+        }
+        Err(_) => {
+            count("timeout");
+            count_timeout(&shared, "proxy_protocol_header");
+            return;
+        }
+    };
+    count(header.version);
+    let peer = match header.origin {
+        crate::proxy_protocol::Origin::Client(client) => client,
+        crate::proxy_protocol::Origin::Balancer => balancer,
+    };
+    match crate::worker::admit(&shared, peer.ip()) {
+        Ok((permit, slot)) => handle(shared, listener, sock, peer, permit, slot).await,
+        Err(reason) => crate::worker::refuse(&shared, peer.ip(), reason),
+    }
+}
+
+/// Counts a connection closed by the timeout `reason`.
+fn count_timeout(shared: &Shared, reason: &'static str) {
+    shared
+        .metrics
+        .timeouts
+        .get_or_create(&ReasonLabel { reason })
+        .inc();
+}
+
 /// How a handshake under its timeout ended.
 type Handshake =
     Result<Result<TlsConnection, tlsgate_tls::HandshakeError>, tokio::time::error::Elapsed>;
@@ -106,11 +168,7 @@ fn after_handshake<'a>(
             m.handshake_failures
                 .get_or_create(&ReasonLabel { reason: "timeout" })
                 .inc();
-            m.timeouts
-                .get_or_create(&ReasonLabel {
-                    reason: "handshake",
-                })
-                .inc();
+            count_timeout(shared, "handshake");
             return None;
         }
     };

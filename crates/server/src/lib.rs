@@ -18,6 +18,7 @@ mod keys;
 mod limiter;
 mod privileges;
 mod proxy;
+mod proxy_protocol;
 mod refusals;
 mod respond;
 mod tickets;
@@ -95,6 +96,8 @@ pub struct Shared {
     handshakes: Arc<HandshakeLimiter>,
     /// Rate-limited warnings about connections the limits refused.
     refusals: refusals::RefusalWarnings,
+    /// Rate-limited warnings about trusted balancers' bad PROXY headers.
+    proxy_header_warnings: refusals::RefusalWarnings,
     /// Access log writer.
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
@@ -258,6 +261,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         limiter: Arc::new(ConnLimiter::default()),
         handshakes: Arc::new(HandshakeLimiter::default()),
         refusals: refusals::RefusalWarnings::default(),
+        proxy_header_warnings: refusals::RefusalWarnings::default(),
         access_log,
         shutdown,
         ktls,

@@ -3,7 +3,10 @@
 //! a closed connection), so a load balancer, a proxy or a benchmark client
 //! cut off by a per-source limit would fail without a word. The metric
 //! counts every refusal; this says, at most once per interval, which
-//! source hit which `[limits]` key and how to raise it.
+//! source hit which `[limits]` key and how to raise it. The same, in an
+//! instance of its own, for connections from a trusted load balancer
+//! closed for their PROXY protocol header: a balancer that does not send
+//! one would otherwise fail every connection silently.
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +42,34 @@ impl RefusalWarnings {
     /// warns when the interval allows; returns the refusals the warning
     /// covered, `None` when it stayed silent.
     pub fn refused(&self, source: IpAddr, key: &'static str) -> Option<u64> {
+        let n = self.due()?;
+        tracing::warn!(
+            source = %source,
+            limit = key,
+            refused = n,
+            "connections refused before their handshake by [limits] {key}, this one from {source} \
+             ({n} refused by any limit since the last such warning); {}: see docs/config.md",
+            advice(key)
+        );
+        Some(n)
+    }
+
+    /// Notes a connection from the trusted balancer `source` closed for
+    /// its PROXY protocol header, and warns when the interval allows.
+    pub fn bad_proxy_header(&self, source: IpAddr, why: &impl std::fmt::Display) -> Option<u64> {
+        let n = self.due()?;
+        tracing::warn!(
+            source = %source,
+            refused = n,
+            "connection from {source}, listed in proxy_protocol_from, closed: {why} \
+             ({n} closed for their PROXY protocol header since the last such warning); \
+             a source listed there must begin every connection with a v1 or v2 header: see docs/config.md"
+        );
+        Some(n)
+    }
+
+    /// Counts one; `Some(n)` when a warning is due now, covering `n`.
+    fn due(&self) -> Option<u64> {
         self.since.fetch_add(1, Ordering::Relaxed);
         let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         let next = self.next_ms.load(Ordering::Relaxed);
@@ -56,16 +87,7 @@ impl RefusalWarnings {
         {
             return None;
         }
-        let n = self.since.swap(0, Ordering::Relaxed);
-        tracing::warn!(
-            source = %source,
-            limit = key,
-            refused = n,
-            "connections refused before their handshake by [limits] {key}, this one from {source} \
-             ({n} refused by any limit since the last such warning); {}: see docs/config.md",
-            advice(key)
-        );
-        Some(n)
+        Some(self.since.swap(0, Ordering::Relaxed))
     }
 }
 
@@ -74,10 +96,10 @@ impl RefusalWarnings {
 fn advice(key: &str) -> &'static str {
     match key {
         "handshake_rate_per_source" | "max_handshakes_per_source" => {
-            "if that source is a proxy, a load balancer or a benchmark client, raise the key or set it to 0 (off)"
+            "if that source is a proxy, a load balancer or a benchmark client, raise the key or set it to 0 (off), or list a balancer that sends PROXY protocol headers in the listener's proxy_protocol_from"
         }
         "max_connections_per_ip" => {
-            "if that source is a proxy, a load balancer or a benchmark client, raise the key (an IPv4 address or IPv6 /64 is one source, see source_prefix_v4/_v6)"
+            "if that source is a proxy, a load balancer or a benchmark client, raise the key (an IPv4 address or IPv6 /64 is one source, see source_prefix_v4/_v6), or list a balancer that sends PROXY protocol headers in the listener's proxy_protocol_from"
         }
         "max_handshakes_in_progress" => {
             "the server as a whole is at that limit: raise it, or set it to 0 (off), if the machine has room"

@@ -126,6 +126,23 @@ async fn accept_loop(
                 continue;
             }
         };
+        let from_balancer = shared
+            .current
+            .load()
+            .config
+            .listeners
+            .get(listener_idx)
+            .is_some_and(|l| l.proxy_protocol_from.trusts(peer.ip()));
+        if from_balancer {
+            // The limits apply to the client its header names, once read.
+            tracker.spawn(Box::pin(crate::conn::handle_proxied(
+                shared.clone(),
+                listener_idx,
+                sock,
+                peer,
+            )));
+            continue;
+        }
         match admit(&shared, peer.ip()) {
             Ok((permit, slot)) => {
                 // Boxed: the connection's future is ~10 KiB, and tokio
@@ -143,21 +160,24 @@ async fn accept_loop(
                 )));
             }
             // Dropping the socket closes it: nothing read, no TLS work.
-            Err(reason) => {
-                shared
-                    .metrics
-                    .connections_rejected
-                    .get_or_create(&ReasonLabel { reason })
-                    .inc();
-                shared.refusals.refused(peer.ip(), reason);
-            }
+            Err(reason) => refuse(&shared, peer.ip(), reason),
         }
     }
 }
 
+/// Counts and reports a connection a limit refused.
+pub(crate) fn refuse(shared: &Shared, ip: IpAddr, reason: &'static str) {
+    shared
+        .metrics
+        .connections_rejected
+        .get_or_create(&ReasonLabel { reason })
+        .inc();
+    shared.refusals.refused(ip, reason);
+}
+
 /// The connection limits, then the handshake flood limits; the error is
 /// the refusing limit's metric label.
-fn admit(shared: &Shared, ip: IpAddr) -> Result<(Permit, HandshakeSlot), &'static str> {
+pub(crate) fn admit(shared: &Shared, ip: IpAddr) -> Result<(Permit, HandshakeSlot), &'static str> {
     let gen = shared.current.load();
     let limits = &gen.config.limits;
     let permit = shared

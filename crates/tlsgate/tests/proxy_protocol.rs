@@ -1,0 +1,365 @@
+//! The PROXY protocol on a listener behind a load balancer
+//! (`proxy_protocol_from`): HAProxy in front sending v1 and v2 headers,
+//! hand-made headers (split, LOCAL, forged by an untrusted source,
+//! missing, late), and the limits applied to the client a header names.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+mod common;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::upstream::{pool, route, Upstream};
+use common::*;
+use rustls::pki_types::ServerName;
+use rustls::{ClientConnection, StreamOwned};
+
+/// A v1 header from `client` to the server at `to`.
+fn v1(client: SocketAddr, to: SocketAddr) -> Vec<u8> {
+    format!(
+        "PROXY TCP4 {} {} {} {}\r\n",
+        client.ip(),
+        to.ip(),
+        client.port(),
+        to.port()
+    )
+    .into_bytes()
+}
+
+/// A v2 header: `command` 1 = PROXY, 0 = LOCAL; IPv4 addresses; one TLV.
+fn v2(command: u8, client: SocketAddr, to: SocketAddr) -> Vec<u8> {
+    let (SocketAddr::V4(c), SocketAddr::V4(t)) = (client, to) else {
+        panic!("IPv4 only here");
+    };
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.push(0x20 | command);
+    h.push(0x11);
+    // Addresses (12 bytes) and a NOOP TLV (type 4) of 3 bytes.
+    h.extend_from_slice(&18u16.to_be_bytes());
+    h.extend_from_slice(&c.ip().octets());
+    h.extend_from_slice(&t.ip().octets());
+    h.extend_from_slice(&c.port().to_be_bytes());
+    h.extend_from_slice(&t.port().to_be_bytes());
+    h.extend_from_slice(&[4, 0, 3, 0, 0, 0]);
+    h
+}
+
+/// Connects from `source`, sends `header` in `pieces` writes (a pause
+/// between them), then completes a TLS handshake.
+fn tls_after_header(
+    source: &str,
+    to: SocketAddr,
+    header: &[u8],
+    pieces: usize,
+) -> std::io::Result<TlsStream> {
+    let mut sock = connect_from(source, to)?;
+    let step = header.len().div_ceil(pieces.max(1));
+    for chunk in header.chunks(step) {
+        sock.write_all(chunk)?;
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let conn = ClientConnection::new(
+        Arc::new(client_config(rustls::DEFAULT_VERSIONS)),
+        ServerName::try_from("localhost").unwrap(),
+    )
+    .unwrap();
+    let mut s = StreamOwned::new(conn, sock);
+    while s.conn.is_handshaking() {
+        s.conn.complete_io(&mut s.sock)?;
+    }
+    Ok(s)
+}
+
+/// `GET /hello.txt` with `Connection: close`; the whole answer.
+fn get_hello(s: &mut TlsStream) -> String {
+    s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    s.flush().unwrap();
+    read_to_close(s)
+}
+
+fn server_trusting(fx: &Fixture, sources: &str, top: &str) -> Server {
+    server_trusting_with(fx, sources, top, "")
+}
+
+/// Like `server_trusting`, with `listener_extra` (routes) in the listener.
+fn server_trusting_with(fx: &Fixture, sources: &str, top: &str, listener_extra: &str) -> Server {
+    let config = fx.config(top, listener_extra).replacen(
+        "\n[[listener.certificate]]",
+        &format!("proxy_protocol_from = [{sources}]\n\n[[listener.certificate]]"),
+        1,
+    );
+    Server::start(fx, &config)
+}
+
+#[test]
+fn hand_made_v1_and_v2_headers_name_the_client_even_split_across_writes() {
+    let fx = Fixture::new();
+    let s = server_trusting(&fx, "\"127.0.0.0/30\"", "");
+    let cases = [
+        (
+            "198.51.100.7:40001",
+            v1("198.51.100.7:40001".parse().unwrap(), s.addr),
+            1,
+        ),
+        (
+            "198.51.100.8:40002",
+            v2(1, "198.51.100.8:40002".parse().unwrap(), s.addr),
+            1,
+        ),
+        // The header in three writes 30 ms apart: taken whole, and not a
+        // byte of the ClientHello with it.
+        (
+            "198.51.100.9:40003",
+            v2(1, "198.51.100.9:40003".parse().unwrap(), s.addr),
+            3,
+        ),
+        (
+            "198.51.100.10:40004",
+            v1("198.51.100.10:40004".parse().unwrap(), s.addr),
+            4,
+        ),
+    ];
+    for (client, header, pieces) in &cases {
+        let mut c = tls_after_header("127.0.0.1", s.addr, header, *pieces).unwrap();
+        let answer = get_hello(&mut c);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{client}: {answer}");
+        assert!(answer.ends_with(HELLO), "{client}: {answer}");
+        let ip = client.split(':').next().unwrap();
+        s.wait_access_line(&[&format!("{ip} - "), "/hello.txt"]);
+    }
+    // LOCAL (a balancer's own health check): the connection's own address.
+    let mut c = tls_after_header(
+        "127.0.0.2",
+        s.addr,
+        &v2(0, "203.0.113.1:1".parse().unwrap(), s.addr),
+        1,
+    )
+    .unwrap();
+    assert!(get_hello(&mut c).starts_with("HTTP/1.1 200"));
+    s.wait_access_line(&["127.0.0.2 - ", "/hello.txt"]);
+    assert!(!s.access_log().contains("203.0.113.1"));
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"v1\"} 2");
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"v2\"} 3");
+}
+
+#[test]
+fn an_untrusted_source_cannot_forge_its_address_and_is_served_as_itself() {
+    let fx = Fixture::new();
+    let s = server_trusting(&fx, "\"127.0.0.1\"", "");
+    // From 127.0.0.3, a header is not a header but the start of a TLS
+    // record: the handshake fails and nothing is served.
+    let forged = v1("203.0.113.66:5555".parse().unwrap(), s.addr);
+    assert!(tls_after_header("127.0.0.3", s.addr, &forged, 1).is_err());
+    let forged = v2(1, "203.0.113.66:5555".parse().unwrap(), s.addr);
+    assert!(tls_after_header("127.0.0.3", s.addr, &forged, 1).is_err());
+    // Without one, it is served, as itself.
+    let mut c = tls_from("127.0.0.3", s.addr).unwrap();
+    assert!(get_hello(&mut c).starts_with("HTTP/1.1 200"));
+    s.wait_access_line(&["127.0.0.3 - ", "/hello.txt"]);
+    assert!(!s.access_log().contains("203.0.113.66"));
+    assert_eq!(
+        s.metric("tlsgate_proxy_protocol_headers_total{result=\"v1\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn a_trusted_source_without_a_header_or_too_slow_with_it_is_closed_and_warned_about() {
+    let fx = Fixture::new();
+    let s = server_trusting(
+        &fx,
+        "\"127.0.0.1\"",
+        "[limits]\nhandshake_timeout = \"1s\"\n",
+    );
+    // A plain TLS client from the balancer's address: no header.
+    assert!(tls_from("127.0.0.1", s.addr).is_err());
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"missing\"} 1");
+    s.wait_log("listed in proxy_protocol_from, closed: the connection does not begin with a PROXY protocol header", Duration::from_secs(5));
+    // Garbage after a v1 prefix.
+    let mut sock = connect_from("127.0.0.1", s.addr).unwrap();
+    sock.write_all(b"PROXY TCP4 999.1.1.1 127.0.0.1 1 2\r\n")
+        .unwrap();
+    assert!(closed_within(&mut sock, Duration::from_secs(3)));
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"malformed\"} 1");
+    // Half a header, then silence: closed at the handshake timeout.
+    let mut sock = connect_from("127.0.0.1", s.addr).unwrap();
+    let header = v2(1, "198.51.100.7:1".parse().unwrap(), s.addr);
+    sock.write_all(&header[..20]).unwrap();
+    let t0 = Instant::now();
+    assert!(closed_within(&mut sock, Duration::from_secs(5)));
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(700) && waited < Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"timeout\"} 1");
+    s.expect_metric_line("tlsgate_timeouts_total{reason=\"proxy_protocol_header\"} 1");
+    // A header announcing more than the server takes.
+    let mut sock = connect_from("127.0.0.1", s.addr).unwrap();
+    let mut huge = b"\r\n\r\n\0\r\nQUIT\n\x21\x11".to_vec();
+    huge.extend_from_slice(&60_000u16.to_be_bytes());
+    huge.extend_from_slice(&[0; 2000]);
+    let _ = sock.write_all(&huge);
+    assert!(closed_within(&mut sock, Duration::from_secs(3)));
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"too_long\"} 1");
+    // The server still serves.
+    let mut c = tls_after_header(
+        "127.0.0.1",
+        s.addr,
+        &v1("198.51.100.7:9".parse().unwrap(), s.addr),
+        1,
+    )
+    .unwrap();
+    assert!(get_hello(&mut c).starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn per_source_limits_count_the_client_a_header_names_not_the_balancer() {
+    let fx = Fixture::new();
+    let s = server_trusting(
+        &fx,
+        "\"127.0.0.1\"",
+        "[limits]\nmax_connections_per_ip = 2\n",
+    );
+    let a: SocketAddr = "198.51.100.7:1000".parse().unwrap();
+    let b: SocketAddr = "198.51.100.8:1000".parse().unwrap();
+    // Two connections held open as client a: its limit.
+    let _held: Vec<TlsStream> = (0..2)
+        .map(|_| tls_after_header("127.0.0.1", s.addr, &v2(1, a, s.addr), 1).unwrap())
+        .collect();
+    // A third as a is refused before its handshake...
+    assert!(tls_after_header("127.0.0.1", s.addr, &v2(1, a, s.addr), 1).is_err());
+    s.expect_metric_line("tlsgate_connections_rejected_total{reason=\"max_connections_per_ip\"} 1");
+    s.wait_log("this one from 198.51.100.7", Duration::from_secs(5));
+    // ...while b, through the same balancer address, is served.
+    let mut c = tls_after_header("127.0.0.1", s.addr, &v2(1, b, s.addr), 1).unwrap();
+    assert!(get_hello(&mut c).starts_with("HTTP/1.1 200"));
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether something listens on 127.0.0.1:`port` (IPv4 sockets only).
+fn listening(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // st 0A = LISTEN
+        f.get(1) == Some(&local.as_str()) && f.get(3) == Some(&"0A")
+    })
+}
+
+struct Haproxy(Child);
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn haproxy_in_front_passes_the_clients_address_in_v1_and_v2() {
+    let haproxy = "/usr/sbin/haproxy";
+    assert!(
+        std::path::Path::new(haproxy).exists(),
+        "{haproxy} is missing: run ./dev setup (it installs haproxy)"
+    );
+    let fx = Fixture::new();
+    // /app goes to an upstream, which must be told the client's address.
+    let app = Upstream::start("app", None);
+    let s = server_trusting_with(
+        &fx,
+        "\"127.0.0.1\"",
+        &pool("app", &[(app.address(), 1)], "", ""),
+        &route("/app", "app", ""),
+    );
+    let (p1, p2) = (free_port(), free_port());
+    let cfg = fx.path().join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global\n  maxconn 200\ndefaults\n  mode tcp\n  timeout connect 5s\n  timeout client 30s\n  timeout server 30s\n\
+             frontend v2\n  bind 127.0.0.1:{p1}\n  default_backend tlsgate_v2\n\
+             backend tlsgate_v2\n  server t {addr} send-proxy-v2 source 127.0.0.1\n\
+             frontend v1\n  bind 127.0.0.1:{p2}\n  default_backend tlsgate_v1\n\
+             backend tlsgate_v1\n  server t {addr} send-proxy source 127.0.0.1\n",
+            addr = s.addr
+        ),
+    )
+    .unwrap();
+    let _lb = Haproxy(
+        Command::new(haproxy)
+            .args(["-db", "-f", cfg.to_str().unwrap()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Read from /proc: a test connection would make HAProxy open one to
+    // tlsgate, with a header, and count; a test bind could take the port.
+    while ![p1, p2].iter().all(|p| listening(*p)) {
+        assert!(Instant::now() < deadline, "haproxy did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (port, source, protocol) in [
+        (p1, "127.0.0.5", "--http2"),
+        (p2, "127.0.0.6", "--http1.1"),
+        (p1, "127.0.0.7", "--http1.1"),
+    ] {
+        let out = Command::new("curl")
+            .args([
+                "-sk",
+                protocol,
+                "--interface",
+                source,
+                "--resolve",
+                &format!("localhost:{port}:127.0.0.1"),
+                &format!("https://localhost:{port}/hello.txt"),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), HELLO);
+        s.wait_access_line(&[&format!("{source} - "), "/hello.txt"]);
+    }
+    // Through to the upstream: X-Forwarded-For names the client too.
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "--interface",
+            "127.0.0.8",
+            "--resolve",
+            &format!("localhost:{p1}:127.0.0.1"),
+            &format!("https://localhost:{p1}/app/who"),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let head = app.last_head.lock().unwrap().clone();
+    assert!(
+        head.contains("X-Forwarded-For: 127.0.0.8\r\n"),
+        "the upstream was told:\n{head}"
+    );
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"v2\"} 3");
+    s.expect_metric_line("tlsgate_proxy_protocol_headers_total{result=\"v1\"} 1");
+    let log = s.access_log();
+    assert!(
+        !log.lines().any(|l| l.starts_with("127.0.0.1 - ")),
+        "a request logged as from the balancer:\n{log}"
+    );
+}
