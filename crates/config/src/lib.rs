@@ -483,6 +483,19 @@ pub struct Listener {
     pub proxy_protocol_from: TrustedProxies,
 }
 
+/// `::ffff:10.0.0.0/104` as `10.0.0.0/8`: peers are matched as IPv4.
+fn as_ipv4_if_mapped(net: ipnet::IpNet) -> ipnet::IpNet {
+    match net {
+        ipnet::IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(ipnet::IpNet::V4)
+                .unwrap_or(net),
+            None => net,
+        },
+        other => other,
+    }
+}
+
 /// Networks trusted to send a PROXY protocol header, host bits cleared.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies(Vec<ipnet::IpNet>);
@@ -504,7 +517,12 @@ impl TrustedProxies {
                     }
                 },
             };
-            nets.push(net);
+            if net.prefix_len() == 0 {
+                return Err(format!(
+                    "{e:?} trusts every address, so any client could claim any address; expected the balancers' own addresses or networks"
+                ));
+            }
+            nets.push(as_ipv4_if_mapped(net));
         }
         Ok(Self(nets))
     }

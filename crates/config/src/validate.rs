@@ -979,6 +979,7 @@ names = ["example.com", "*.example.com"]
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "\"10.0.0.0/33\" is not an address or network"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = \"10.0.0.0/8\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "expected a sequence"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"::/0\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "trusts every address"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();
@@ -993,7 +994,7 @@ names = ["example.com", "*.example.com"]
 
     #[test]
     fn proxy_protocol_from_takes_addresses_and_networks_and_trusts_mapped_ipv4() {
-        let c = load_text("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.1.2.3/8\", \"192.0.2.7\", \"2001:db8::/32\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap();
+        let c = load_text("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.1.2.3/8\", \"192.0.2.7\", \"2001:db8::/32\", \"::ffff:172.16.0.0/108\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap();
         let t = &c.listeners[0].proxy_protocol_from;
         let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
         for yes in [
@@ -1004,7 +1005,13 @@ names = ["example.com", "*.example.com"]
         ] {
             assert!(t.trusts(ip(yes)), "{yes}");
         }
-        for no in ["11.0.0.1", "192.0.2.8", "2001:db9::1", "::ffff:192.0.2.8"] {
+        for no in [
+            "11.0.0.1",
+            "192.0.2.8",
+            "2001:db9::1",
+            "::ffff:192.0.2.8",
+            "172.32.0.1",
+        ] {
             assert!(!t.trusts(ip(no)), "{no}");
         }
         // Off unless asked for.

@@ -49,8 +49,8 @@ pub(crate) async fn handle(
     listener: usize,
     sock: TcpStream,
     peer: SocketAddr,
-    _permit: Permit,
-    slot: HandshakeSlot,
+    (_permit, slot): (Permit, HandshakeSlot),
+    accepted: Instant,
 ) {
     let m = &shared.metrics;
     m.connections_total.inc();
@@ -63,13 +63,20 @@ pub(crate) async fn handle(
     };
     // TCP_NODELAY comes from the listener (`tlsgate_sys::reuseport_listener`):
     // Linux copies it to accepted sockets, so no setsockopt per connection.
-    let t0 = Instant::now();
-    let handshake: Pin<Box<dyn Future<Output = Handshake> + Send + '_>> =
-        Box::pin(tokio::time::timeout(
-            gen.config.limits.handshake_timeout,
-            tlsgate_tls::accept(sock, &site.tls),
-        ));
-    let serving = after_handshake(&shared, &gen, site, listener, peer, handshake.await, t0);
+    // From accept: a balancer's connection read its PROXY header first.
+    let deadline = tokio::time::Instant::from_std(accepted + gen.config.limits.handshake_timeout);
+    let handshake: Pin<Box<dyn Future<Output = Handshake> + Send + '_>> = Box::pin(
+        tokio::time::timeout_at(deadline, tlsgate_tls::accept(sock, &site.tls)),
+    );
+    let serving = after_handshake(
+        &shared,
+        &gen,
+        site,
+        listener,
+        peer,
+        handshake.await,
+        accepted,
+    );
     // The handshake is over, however it ended: free its slot.
     drop(slot);
     if let Some(serving) = serving {
@@ -77,18 +84,23 @@ pub(crate) async fn handle(
     }
 }
 
-/// Serves a connection from a trusted load balancer (`proxy_protocol_from`):
-/// its PROXY protocol header, read within the handshake timeout, names the
-/// client, which the limits then admit or refuse as any other and which
-/// the connection is served as.
+/// Serves a connection from a trusted load balancer (`proxy_protocol_from`),
+/// whose `permit` holds its place in `max_connections`: its PROXY
+/// protocol header names the client, which the limits per source then
+/// admit or refuse as any other and which the connection is served as.
+/// The header and the handshake share one `handshake_timeout` from accept.
 pub(crate) async fn handle_proxied(
     shared: Arc<Shared>,
     listener: usize,
     mut sock: TcpStream,
     balancer: SocketAddr,
+    permit: Permit,
+    accepted: Instant,
 ) {
     let wait = shared.current.load().config.limits.handshake_timeout;
-    let read = tokio::time::timeout(wait, crate::proxy_protocol::read_header(&mut sock)).await;
+    let deadline = tokio::time::Instant::from_std(accepted + wait);
+    let read =
+        tokio::time::timeout_at(deadline, crate::proxy_protocol::read_header(&mut sock)).await;
     let count = |result: &'static str| {
         shared
             .metrics
@@ -124,8 +136,8 @@ pub(crate) async fn handle_proxied(
         crate::proxy_protocol::Origin::Client(client) => client,
         crate::proxy_protocol::Origin::Balancer => balancer,
     };
-    match crate::worker::admit(&shared, peer.ip()) {
-        Ok((permit, slot)) => handle(shared, listener, sock, peer, permit, slot).await,
+    match crate::worker::admit_source(&shared, permit, peer.ip()) {
+        Ok(admitted) => handle(shared, listener, sock, peer, admitted, accepted).await,
         Err(reason) => crate::worker::refuse(&shared, peer.ip(), reason),
     }
 }

@@ -39,12 +39,16 @@ impl Refusal {
 #[derive(Debug)]
 pub struct Permit {
     limiter: Arc<ConnLimiter>,
-    source: u128,
+    /// `None` until the source is known: a connection from a trusted load
+    /// balancer counts against the total from accept, against its client
+    /// once the PROXY protocol header names it.
+    source: Option<u128>,
 }
 
 impl ConnLimiter {
     /// Takes a permit for a connection from `ip`, or says which limit
     /// refuses it; `prefixes` are the IPv4 and IPv6 bits that make a source.
+    #[cfg(test)]
     pub fn try_acquire(
         self: &Arc<Self>,
         ip: IpAddr,
@@ -52,22 +56,21 @@ impl ConnLimiter {
         max_per_ip: usize,
         prefixes: (u8, u8),
     ) -> Result<Permit, Refusal> {
+        let mut permit = self.try_acquire_unattributed(max_total)?;
+        permit.attribute(ip, max_per_ip, prefixes)?;
+        Ok(permit)
+    }
+
+    /// Takes a permit that counts against the total only, until
+    /// [`Permit::attribute`] gives it a source.
+    pub fn try_acquire_unattributed(self: &Arc<Self>, max_total: usize) -> Result<Permit, Refusal> {
         if self.total.fetch_add(1, Ordering::AcqRel) >= max_total {
             self.total.fetch_sub(1, Ordering::AcqRel);
             return Err(Refusal::Total);
         }
-        let source = crate::flood::source_key(ip, prefixes.0, prefixes.1);
-        let mut map = self.per_source.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(source).or_insert(0);
-        if *n >= max_per_ip {
-            drop(map);
-            self.total.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refusal::PerIp);
-        }
-        *n += 1;
         Ok(Permit {
             limiter: self.clone(),
-            source,
+            source: None,
         })
     }
 
@@ -78,20 +81,53 @@ impl ConnLimiter {
     }
 }
 
-impl Drop for Permit {
-    fn drop(&mut self) {
+impl Permit {
+    /// Counts this connection against the source of `ip` too, or says that
+    /// source is at its limit (dropping the permit then frees its place in
+    /// the total). A permit has one source: a second call is refused.
+    pub fn attribute(
+        &mut self,
+        ip: IpAddr,
+        max_per_ip: usize,
+        prefixes: (u8, u8),
+    ) -> Result<(), Refusal> {
+        if self.source.is_some() {
+            return Err(Refusal::PerIp);
+        }
+        let source = crate::flood::source_key(ip, prefixes.0, prefixes.1);
         let mut map = self
             .limiter
             .per_source
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = map.get_mut(&self.source) {
-            *n -= 1;
+        let n = map.entry(source).or_insert(0);
+        if *n >= max_per_ip {
             if *n == 0 {
-                map.remove(&self.source);
+                map.remove(&source);
+            }
+            return Err(Refusal::PerIp);
+        }
+        *n += 1;
+        self.source = Some(source);
+        Ok(())
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(source) = self.source {
+            let mut map = self
+                .limiter
+                .per_source
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = map.get_mut(&source) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&source);
+                }
             }
         }
-        drop(map);
         self.limiter.total.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -116,6 +152,35 @@ mod tests {
         assert_eq!(l.open(), 2);
         let _p4 = l.try_acquire(a, 3, 2, P).unwrap();
         assert_eq!(l.open(), 3);
+    }
+
+    #[test]
+    fn a_balancers_connection_counts_in_the_total_at_once_and_for_its_client_later() {
+        let l = Arc::new(ConnLimiter::default());
+        const P: (u8, u8) = (32, 64);
+        let client: IpAddr = "198.51.100.7".parse().unwrap();
+        let _c1 = l.try_acquire(client, 10, 1, P).unwrap();
+        let mut pending = l.try_acquire_unattributed(10).unwrap();
+        assert_eq!(l.open(), 2);
+        // Its header names a client already at its limit: refused, and
+        // dropping it gives the place back.
+        assert_eq!(pending.attribute(client, 1, P).unwrap_err(), Refusal::PerIp);
+        drop(pending);
+        assert_eq!(l.open(), 1);
+        let mut other = l.try_acquire_unattributed(10).unwrap();
+        other
+            .attribute("198.51.100.8".parse().unwrap(), 1, P)
+            .unwrap();
+        assert!(
+            other.attribute(client, 1, P).is_err(),
+            "one source per permit"
+        );
+        drop(other);
+        // The other client's count went with it.
+        let _c2 = l
+            .try_acquire("198.51.100.8".parse().unwrap(), 10, 1, P)
+            .unwrap();
+        assert_eq!(l.try_acquire_unattributed(2).unwrap_err(), Refusal::Total);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub const MAX_HEADER: usize = 1024;
 /// Who a header says the connection is from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
-    /// A proxied client.
+    /// A proxied client (an IPv4-mapped IPv6 address given as IPv4).
     Client(SocketAddr),
     /// v2 `LOCAL` (the balancer's own connection, e.g. a health check) or
     /// v1 `UNKNOWN`: the connection's own peer is the client.
@@ -126,6 +126,13 @@ const V1_MAX: usize = 107;
 /// once its announced length is.
 fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
     if input.starts_with(V2_SIGNATURE) || V2_SIGNATURE.starts_with(input) {
+        // The length is known from the 16th byte: refuse at once what
+        // would not fit, rather than after a kilobyte of it.
+        if let Some(&[hi, lo]) = input.get(14..16) {
+            if 16 + usize::from(u16::from_be_bytes([hi, lo])) > MAX_HEADER {
+                return Err(HeaderError::TooLong);
+            }
+        }
         let result = v2::Header::try_from(input);
         if result.is_incomplete() {
             return Ok(Parsed::NeedMore);
@@ -135,9 +142,10 @@ fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
             (v2::Command::Proxy, v2::Addresses::IPv4(a)) => {
                 Origin::Client(SocketAddr::new(IpAddr::V4(a.source_address), a.source_port))
             }
-            (v2::Command::Proxy, v2::Addresses::IPv6(a)) => {
-                Origin::Client(SocketAddr::new(IpAddr::V6(a.source_address), a.source_port))
-            }
+            (v2::Command::Proxy, v2::Addresses::IPv6(a)) => Origin::Client(SocketAddr::new(
+                IpAddr::V6(a.source_address).to_canonical(),
+                a.source_port,
+            )),
             // LOCAL, or an address family without an IP address: the
             // protocol says to use the connection's own addresses.
             _ => Origin::Balancer,
@@ -166,9 +174,10 @@ fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
             v1::Addresses::Tcp4(a) => {
                 Origin::Client(SocketAddr::new(IpAddr::V4(a.source_address), a.source_port))
             }
-            v1::Addresses::Tcp6(a) => {
-                Origin::Client(SocketAddr::new(IpAddr::V6(a.source_address), a.source_port))
-            }
+            v1::Addresses::Tcp6(a) => Origin::Client(SocketAddr::new(
+                IpAddr::V6(a.source_address).to_canonical(),
+                a.source_port,
+            )),
             v1::Addresses::Unknown => Origin::Balancer,
         };
         return Ok(Parsed::Whole(
@@ -224,6 +233,18 @@ mod tests {
                 line.len(),
                 Header {
                     origin: client("[2001:db8::7]:56324"),
+                    version: "v1"
+                }
+            )
+        );
+        // An IPv4 client behind a dual-stack balancer is an IPv4 client.
+        let line = b"PROXY TCP6 ::ffff:192.0.2.9 2001:db8::1 56324 443\r\n";
+        assert_eq!(
+            parse(line).unwrap(),
+            Parsed::Whole(
+                line.len(),
+                Header {
+                    origin: client("192.0.2.9:56324"),
                     version: "v1"
                 }
             )
@@ -342,6 +363,12 @@ mod tests {
             parse(&v2(1, 0x11, &[0; 4], &[])),
             Err(HeaderError::Malformed(_))
         ));
+        // Announcing more than the server takes is refused on its 16th byte.
+        let mut huge = V2_SIGNATURE.to_vec();
+        huge.extend_from_slice(&[0x21, 0x11, 0x03, 0xf1]);
+        assert!(matches!(parse(&huge), Err(HeaderError::TooLong)));
+        huge[15] = 0xf0;
+        assert_eq!(parse(&huge).unwrap(), Parsed::NeedMore);
     }
 
     #[test]

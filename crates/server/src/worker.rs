@@ -6,7 +6,7 @@ use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tlsgate_metrics::ReasonLabel;
 use tokio::net::TcpListener;
@@ -126,6 +126,7 @@ async fn accept_loop(
                 continue;
             }
         };
+        let accepted = Instant::now();
         let from_balancer = shared
             .current
             .load()
@@ -134,13 +135,22 @@ async fn accept_loop(
             .get(listener_idx)
             .is_some_and(|l| l.proxy_protocol_from.trusts(peer.ip()));
         if from_balancer {
-            // The limits apply to the client its header names, once read.
-            tracker.spawn(Box::pin(crate::conn::handle_proxied(
-                shared.clone(),
-                listener_idx,
-                sock,
-                peer,
-            )));
+            // It holds its place in max_connections from now; the limits
+            // per source apply to the client its header names, once read.
+            let max = shared.current.load().config.limits.max_connections;
+            match shared.limiter.try_acquire_unattributed(max) {
+                Ok(permit) => {
+                    tracker.spawn(Box::pin(crate::conn::handle_proxied(
+                        shared.clone(),
+                        listener_idx,
+                        sock,
+                        peer,
+                        permit,
+                        accepted,
+                    )));
+                }
+                Err(r) => refuse(&shared, peer.ip(), r.reason()),
+            }
             continue;
         }
         match admit(&shared, peer.ip()) {
@@ -155,8 +165,8 @@ async fn accept_loop(
                     listener_idx,
                     sock,
                     peer,
-                    permit,
-                    slot,
+                    (permit, slot),
+                    accepted,
                 )));
             }
             // Dropping the socket closes it: nothing read, no TLS work.
@@ -182,19 +192,42 @@ pub(crate) fn admit(shared: &Shared, ip: IpAddr) -> Result<(Permit, HandshakeSlo
     let limits = &gen.config.limits;
     let permit = shared
         .limiter
-        .try_acquire(
-            ip,
-            limits.max_connections,
-            limits.max_connections_per_ip,
-            (
-                limits.handshake.source_prefix_v4,
-                limits.handshake.source_prefix_v6,
-            ),
-        )
+        .try_acquire_unattributed(limits.max_connections)
+        .map_err(|r| r.reason())?;
+    limits_of_source(shared, limits, permit, ip)
+}
+
+/// The limits of the source `ip` for a connection whose `permit` already
+/// counts in `max_connections`: a balancer's, once its PROXY protocol
+/// header named the client.
+pub(crate) fn admit_source(
+    shared: &Shared,
+    permit: Permit,
+    ip: IpAddr,
+) -> Result<(Permit, HandshakeSlot), &'static str> {
+    limits_of_source(shared, &shared.current.load().config.limits, permit, ip)
+}
+
+/// `max_connections_per_ip`, then the handshake limits, for `ip`.
+fn limits_of_source(
+    shared: &Shared,
+    limits: &tlsgate_config::Limits,
+    mut permit: Permit,
+    ip: IpAddr,
+) -> Result<(Permit, HandshakeSlot), &'static str> {
+    permit
+        .attribute(ip, limits.max_connections_per_ip, source_prefixes(limits))
         .map_err(|r| r.reason())?;
     let slot = shared
         .handshakes
         .try_begin(ip, &limits.handshake)
         .map_err(|r| r.reason())?;
     Ok((permit, slot))
+}
+
+fn source_prefixes(limits: &tlsgate_config::Limits) -> (u8, u8) {
+    (
+        limits.handshake.source_prefix_v4,
+        limits.handshake.source_prefix_v6,
+    )
 }
