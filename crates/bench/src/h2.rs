@@ -35,6 +35,10 @@ pub struct H2Row {
     pub requests: u64,
     /// Requests that failed or errored (in flight when h2load's time was up).
     pub failed: u64,
+    /// tlsgate's h2 rows: bytes per CPU-second over h2 ÷ over HTTP/1.1,
+    /// the median of each repeat's pair (measured seconds apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_repeat_ratio_to_http1: Option<f64>,
 }
 
 /// A case: file size, connections, streams per connection.
@@ -69,7 +73,27 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// One (target, case, protocol) cell and what its repeats measured.
+struct Cell {
+    target: usize,
+    case: usize,
+    protocol: &'static str,
+    streams: usize,
+    name: String,
+    rates: Vec<f64>,
+    /// Server CPU µs per request, by repeat.
+    cpus: Vec<f64>,
+    failed: u64,
+    requests: u64,
+}
+
 /// Runs the cases against every target.
+///
+/// Every target runs from the start and each repeat runs every cell once,
+/// in an order rotated by the repeat, as the other scenarios interleave:
+/// the figures the goals compare (tlsgate's h2 against nginx's, against
+/// its own HTTP/1.1) come from windows seconds apart, not minutes apart,
+/// on a machine whose speed drifts.
 pub fn run(
     materials: &Materials,
     opts: &BenchOptions,
@@ -90,17 +114,25 @@ pub fn run(
     let secs = opts.measure.as_secs_f64().max(1.0);
     let warmup = opts.warmup.as_secs_f64().max(0.2);
     let client = opts.placement.client_cores.first().copied().flatten();
+    // The files first: HAProxy's configuration holds them (it answers
+    // from memory), so they must exist before it starts.
+    let paths = cases
+        .iter()
+        .map(|c| materials.file(c.size))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut targets = Vec::new();
     for kind in &opts.targets {
         let target = Target::start(*kind, materials, &opts.settings(1 << 20))?;
         results
             .versions
             .insert(kind.to_string(), target.version().to_string());
-        let port = target.addr().port();
-        for case in &cases {
-            let path = materials.file(case.size)?;
-            let url = format!("https://127.0.0.1:{port}{path}");
+        targets.push(target);
+    }
+    let mut cells = Vec::new();
+    for (ti, target) in targets.iter().enumerate() {
+        for (ci, case) in cases.iter().enumerate() {
             let mut protocols = vec!["h2"];
-            if *kind == TargetKind::Tlsgate {
+            if target.kind() == TargetKind::Tlsgate {
                 protocols.push("http/1.1");
             }
             for protocol in protocols {
@@ -112,57 +144,103 @@ pub fn run(
                 } else {
                     (1, format!("{} conn, HTTP/1.1", case.connections))
                 };
-                let case_name = format!("{}, {label}", size_name(case.size));
-                let mut rates = Vec::new();
-                let mut cpus = Vec::new();
-                let mut failed = 0;
-                let mut requests = 0;
-                for repeat in 0..opts.repeats {
-                    tracing::info!(
-                        "bench h2 [{}/{}] {case_name} → {kind}",
-                        repeat + 1,
-                        opts.repeats
-                    );
-                    let mut cmd = tool_command(client, "h2load");
-                    cmd.args(["-t", "1", "-c", &case.connections.to_string()])
-                        .args(["-m", &streams.to_string()])
-                        // h2load takes whole units: milliseconds.
-                        .args(["-D", &format!("{:.0}ms", secs * 1000.0)])
-                        .args(["--warm-up-time", &format!("{:.0}ms", warmup * 1000.0)]);
-                    if protocol == "http/1.1" {
-                        cmd.arg("--h1");
-                    }
-                    cmd.arg(&url);
-                    let (outs, cpu_ns) = run_tools(&target, vec![cmd], "h2load")?;
-                    let out = outs.first().map(String::as_str).unwrap_or_default();
-                    let (ok, bad, t) = parse_h2load(out).ok_or_else(|| {
-                        BenchError::Other(format!("cannot read h2load's output: {out}"))
-                    })?;
-                    failed += bad;
-                    requests += ok;
-                    // h2load's time covers the measurement, the CPU the
-                    // warm-up too: CPU per request is over both.
-                    let total = ok.max(1);
-                    rates.push(ok as f64 / t.max(1e-9));
-                    cpus.push(cpu_ns as f64 / 1000.0 / total as f64 * (t / (t + warmup)));
-                }
-                let cpu = median(cpus);
-                results.h2.push(H2Row {
-                    target: *kind,
-                    case: case_name,
-                    protocol: protocol.into(),
-                    requests_per_sec: median(rates),
-                    server_cpu_us_per_req: cpu,
-                    mb_per_cpu_sec: if cpu > 0.0 {
-                        case.size as f64 / cpu
-                    } else {
-                        0.0
-                    },
-                    requests,
-                    failed,
+                cells.push(Cell {
+                    target: ti,
+                    case: ci,
+                    protocol,
+                    streams,
+                    name: format!("{}, {label}", size_name(case.size)),
+                    rates: Vec::new(),
+                    cpus: Vec::new(),
+                    failed: 0,
+                    requests: 0,
                 });
             }
         }
+    }
+    let n = cells.len();
+    for repeat in 0..opts.repeats {
+        for k in 0..n {
+            let Some(cell) = cells.get_mut((k + repeat) % n) else {
+                continue;
+            };
+            let (Some(target), Some(case), Some(path)) = (
+                targets.get(cell.target),
+                cases.get(cell.case),
+                paths.get(cell.case),
+            ) else {
+                continue;
+            };
+            tracing::info!(
+                "bench h2 [{}/{}] {} → {}",
+                repeat + 1,
+                opts.repeats,
+                cell.name,
+                target.kind()
+            );
+            let url = format!("https://127.0.0.1:{}{path}", target.addr().port());
+            let mut cmd = tool_command(client, "h2load");
+            cmd.args(["-t", "1", "-c", &case.connections.to_string()])
+                .args(["-m", &cell.streams.to_string()])
+                // h2load takes whole units: milliseconds.
+                .args(["-D", &format!("{:.0}ms", secs * 1000.0)])
+                .args(["--warm-up-time", &format!("{:.0}ms", warmup * 1000.0)]);
+            if cell.protocol == "http/1.1" {
+                cmd.arg("--h1");
+            }
+            cmd.arg(&url);
+            let (outs, cpu_ns) = run_tools(target, vec![cmd], "h2load")?;
+            let out = outs.first().map(String::as_str).unwrap_or_default();
+            let (ok, bad, t) = parse_h2load(out)
+                .ok_or_else(|| BenchError::Other(format!("cannot read h2load's output: {out}")))?;
+            cell.failed += bad;
+            cell.requests += ok;
+            // h2load's time covers the measurement, the CPU the warm-up
+            // too: CPU per request is over both.
+            let total = ok.max(1);
+            cell.rates.push(ok as f64 / t.max(1e-9));
+            cell.cpus
+                .push(cpu_ns as f64 / 1000.0 / total as f64 * (t / (t + warmup)));
+        }
+    }
+    for cell in &cells {
+        let (Some(target), Some(case)) = (targets.get(cell.target), cases.get(cell.case)) else {
+            continue;
+        };
+        // CPU per request over HTTP/1.1 ÷ over h2, repeat by repeat, is
+        // h2's bytes per CPU-second ÷ HTTP/1.1's.
+        let per_repeat_ratio_to_http1 = (cell.protocol == "h2")
+            .then(|| {
+                cells.iter().find(|c| {
+                    c.target == cell.target && c.case == cell.case && c.protocol == "http/1.1"
+                })
+            })
+            .flatten()
+            .map(|h1| {
+                median(
+                    h1.cpus
+                        .iter()
+                        .zip(&cell.cpus)
+                        .map(|(one, two)| one / two.max(1e-9))
+                        .collect(),
+                )
+            });
+        let cpu = median(cell.cpus.clone());
+        results.h2.push(H2Row {
+            target: target.kind(),
+            case: cell.name.clone(),
+            protocol: cell.protocol.into(),
+            requests_per_sec: median(cell.rates.clone()),
+            server_cpu_us_per_req: cpu,
+            mb_per_cpu_sec: if cpu > 0.0 {
+                case.size as f64 / cpu
+            } else {
+                0.0
+            },
+            requests: cell.requests,
+            failed: cell.failed,
+            per_repeat_ratio_to_http1,
+        });
     }
     Ok(())
 }

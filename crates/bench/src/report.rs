@@ -653,18 +653,20 @@ impl Results {
         }
         let _ = writeln!(
             out,
-            "\n## HTTP/2 (h2load)\n\n`h2load -t 1` pinned to the generator's core drives each target over HTTP/2 (many streams per connection); tlsgate also over HTTP/1.1 (`--h1`, one request in flight per connection). Server CPU over the whole run (warm-up included, prorated); medians of the repeats.\n\n| target | case | protocol | req/s | server CPU µs/req | body MB per CPU-s |\n|---|---|---|---:|---:|---:|"
+            "\n## HTTP/2 (h2load)\n\n`h2load -t 1` pinned to the generator's core drives each target over HTTP/2 (many streams per connection); tlsgate also over HTTP/1.1 (`--h1`, one request in flight per connection). Server CPU over the whole run (warm-up included, prorated); medians of the repeats, which run every cell once each, interleaved. The last column is tlsgate's h2 bytes per CPU-second ÷ its HTTP/1.1 figure for the same file, the median of each repeat's pair (issue 17's goal for 1 MiB: at least 1).\n\n| target | case | protocol | req/s | server CPU µs/req | body MB per CPU-s | h2 ÷ HTTP/1.1 bytes per CPU-s |\n|---|---|---|---:|---:|---:|---:|"
         );
         for r in &self.h2 {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {:.0} | {:.1} | {:.0} |",
+                "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {} |",
                 r.target,
                 r.case,
                 r.protocol,
                 r.requests_per_sec,
                 r.server_cpu_us_per_req,
-                r.mb_per_cpu_sec
+                r.mb_per_cpu_sec,
+                r.per_repeat_ratio_to_http1
+                    .map_or_else(String::new, |x| format!("{x:.2}"))
             );
         }
     }
