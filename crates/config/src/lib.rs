@@ -500,6 +500,18 @@ fn as_ipv4_if_mapped(net: ipnet::IpNet) -> ipnet::IpNet {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies(Vec<ipnet::IpNet>);
 
+impl std::fmt::Display for TrustedProxies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, net) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{net}")?;
+        }
+        Ok(())
+    }
+}
+
 impl TrustedProxies {
     /// Parses `"10.0.0.0/8"` or `"192.0.2.7"` entries; the error names
     /// the entry and what was expected.

@@ -281,6 +281,15 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             root.display()
         );
     }
+    for l in &shared.current.load().config.listeners {
+        if !l.proxy_protocol_from.is_empty() {
+            tracing::info!(
+                "{}: connections from {} must begin with a PROXY protocol header",
+                l.key_path,
+                l.proxy_protocol_from
+            );
+        }
+    }
 
     rt.block_on(async {
         if let Some(l) = admin {

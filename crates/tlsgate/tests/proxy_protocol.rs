@@ -109,6 +109,10 @@ fn server_trusting_with(fx: &Fixture, sources: &str, top: &str, listener_extra: 
 fn hand_made_v1_and_v2_headers_name_the_client_even_split_across_writes() {
     let fx = Fixture::new();
     let s = server_trusting(&fx, "\"127.0.0.0/30\"", "");
+    s.wait_log(
+        "listener[0]: connections from 127.0.0.0/30 must begin with a PROXY protocol header",
+        Duration::from_secs(5),
+    );
     let cases = [
         (
             "198.51.100.7:40001",
