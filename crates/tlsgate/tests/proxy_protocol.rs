@@ -420,3 +420,25 @@ fn haproxy_in_front_passes_the_clients_address_in_v1_and_v2() {
         "a request logged as from the balancer:\n{log}"
     );
 }
+
+#[test]
+fn a_reload_changes_who_is_trusted_for_new_connections() {
+    let fx = Fixture::new();
+    let s = server_trusting(&fx, "\"127.0.0.2\"", "");
+    let client: SocketAddr = "198.51.100.7:1000".parse().unwrap();
+    let mut held = tls_after_header("127.0.0.2", s.addr, &v2(1, client, s.addr), 0).unwrap();
+    assert!(tls_after_header("127.0.0.1", s.addr, &v2(1, client, s.addr), 0).is_err());
+    // Trust 127.0.0.1 instead; the file Server::start wrote is reloaded.
+    let path = fx.path().join("tlsgate.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replace("[\"127.0.0.2\"]", "[\"127.0.0.1\"]")).unwrap();
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    let mut c = tls_after_header("127.0.0.1", s.addr, &v2(1, client, s.addr), 0).unwrap();
+    assert!(get_hello(&mut c).starts_with("HTTP/1.1 200"));
+    assert!(tls_after_header("127.0.0.2", s.addr, &v2(1, client, s.addr), 0).is_err());
+    // The connection accepted before the reload is served as it was.
+    assert!(get_hello(&mut held).starts_with("HTTP/1.1 200"));
+    s.wait_access_line(&["198.51.100.7 - ", "/hello.txt"]);
+    assert!(!s.access_log().contains("127.0.0.2 - "));
+}
