@@ -16,6 +16,7 @@ use crate::flood::HandshakeSlot;
 use crate::generation::{Generation, Site};
 use crate::http;
 use crate::limiter::Permit;
+use crate::proxy_protocol::Origin;
 use crate::respond::HttpCtx;
 use crate::transport::TlsClient;
 use crate::Shared;
@@ -112,12 +113,7 @@ pub(crate) async fn handle_proxied(
         Ok(Ok(h)) => h,
         Ok(Err(e)) => {
             count(e.reason());
-            // A client that went away is not the balancer's fault.
-            if !matches!(
-                e,
-                crate::proxy_protocol::HeaderError::Closed
-                    | crate::proxy_protocol::HeaderError::Io(_)
-            ) {
+            if e.balancers_fault() {
                 shared
                     .proxy_header_warnings
                     .bad_proxy_header(balancer.ip(), &e);
@@ -133,8 +129,8 @@ pub(crate) async fn handle_proxied(
     };
     count(header.version);
     let peer = match header.origin {
-        crate::proxy_protocol::Origin::Client(client) => client,
-        crate::proxy_protocol::Origin::Balancer => balancer,
+        Origin::Client(client) => client,
+        Origin::Balancer => balancer,
     };
     match crate::worker::admit_source(&shared, permit, peer.ip()) {
         Ok(admitted) => handle(shared, listener, sock, peer, admitted, accepted).await,

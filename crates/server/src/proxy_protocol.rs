@@ -61,6 +61,12 @@ pub enum HeaderError {
 }
 
 impl HeaderError {
+    /// Whether the balancer sent something wrong (worth a warning), rather
+    /// than the client behind it going away.
+    pub fn balancers_fault(&self) -> bool {
+        matches!(self, Self::Missing | Self::Malformed(_) | Self::TooLong)
+    }
+
     /// Metric label.
     pub fn reason(&self) -> &'static str {
         match self {
