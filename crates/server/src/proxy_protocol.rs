@@ -217,6 +217,11 @@ mod tests {
         Origin::Client(s.parse().unwrap())
     }
 
+    /// What `parse` must say of a whole header of `len` bytes.
+    fn whole(len: usize, origin: Origin, version: &'static str) -> Parsed {
+        Parsed::Whole(len, Header { origin, version })
+    }
+
     #[test]
     fn v1_headers_name_the_client_and_their_length_excludes_what_follows() {
         let line = b"PROXY TCP4 192.0.2.7 198.51.100.1 56324 443\r\n";
@@ -224,46 +229,22 @@ mod tests {
         input.extend_from_slice(b"\x16\x03\x01\x02\x00");
         assert_eq!(
             parse(&input).unwrap(),
-            Parsed::Whole(
-                line.len(),
-                Header {
-                    origin: client("192.0.2.7:56324"),
-                    version: "v1"
-                }
-            )
+            whole(line.len(), client("192.0.2.7:56324"), "v1")
         );
         let line = b"PROXY TCP6 2001:db8::7 2001:db8::1 56324 443\r\n";
         assert_eq!(
             parse(line).unwrap(),
-            Parsed::Whole(
-                line.len(),
-                Header {
-                    origin: client("[2001:db8::7]:56324"),
-                    version: "v1"
-                }
-            )
+            whole(line.len(), client("[2001:db8::7]:56324"), "v1")
         );
         // An IPv4 client behind a dual-stack balancer is an IPv4 client.
         let line = b"PROXY TCP6 ::ffff:192.0.2.9 2001:db8::1 56324 443\r\n";
         assert_eq!(
             parse(line).unwrap(),
-            Parsed::Whole(
-                line.len(),
-                Header {
-                    origin: client("192.0.2.9:56324"),
-                    version: "v1"
-                }
-            )
+            whole(line.len(), client("192.0.2.9:56324"), "v1")
         );
         assert_eq!(
             parse(b"PROXY UNKNOWN\r\n").unwrap(),
-            Parsed::Whole(
-                15,
-                Header {
-                    origin: Origin::Balancer,
-                    version: "v1"
-                }
-            )
+            whole(15, Origin::Balancer, "v1")
         );
     }
 
@@ -277,13 +258,7 @@ mod tests {
         input.extend_from_slice(b"\x16\x03\x01");
         assert_eq!(
             parse(&input).unwrap(),
-            Parsed::Whole(
-                h.len(),
-                Header {
-                    origin: client("192.0.2.7:56324"),
-                    version: "v2"
-                }
-            )
+            whole(h.len(), client("192.0.2.7:56324"), "v2")
         );
         let mut addrs6 = Vec::new();
         addrs6.extend_from_slice(
@@ -297,26 +272,11 @@ mod tests {
         let h = v2(1, 0x21, &addrs6, &[]);
         assert_eq!(
             parse(&h).unwrap(),
-            Parsed::Whole(
-                h.len(),
-                Header {
-                    origin: client("[2001:db8::7]:56324"),
-                    version: "v2"
-                }
-            )
+            whole(h.len(), client("[2001:db8::7]:56324"), "v2")
         );
         // LOCAL ignores whatever addresses it carries.
         let h = v2(0, 0x11, &addrs, &[]);
-        assert_eq!(
-            parse(&h).unwrap(),
-            Parsed::Whole(
-                h.len(),
-                Header {
-                    origin: Origin::Balancer,
-                    version: "v2"
-                }
-            )
-        );
+        assert_eq!(parse(&h).unwrap(), whole(h.len(), Origin::Balancer, "v2"));
     }
 
     #[test]

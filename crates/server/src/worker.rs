@@ -127,9 +127,8 @@ async fn accept_loop(
             }
         };
         let accepted = Instant::now();
-        let from_balancer = shared
-            .current
-            .load()
+        let gen = shared.current.load();
+        let from_balancer = gen
             .config
             .listeners
             .get(listener_idx)
@@ -137,7 +136,7 @@ async fn accept_loop(
         if from_balancer {
             // It holds its place in max_connections from now; the limits
             // per source apply to the client its header names, once read.
-            let max = shared.current.load().config.limits.max_connections;
+            let max = gen.config.limits.max_connections;
             match shared.limiter.try_acquire_unattributed(max) {
                 Ok(permit) => {
                     tracker.spawn(Box::pin(crate::conn::handle_proxied(
