@@ -19,7 +19,8 @@ mod xdp;
 pub use http2::{Alpn, FrameRate, Http2};
 
 pub use proxy::{
-    Balance, HashKey, HealthCheck, Route, RouteTarget, Upstream, UpstreamServer, UpstreamTls,
+    Balance, HashKey, HealthCheck, ProxyProtocol, Route, RouteTarget, Upstream, UpstreamServer,
+    UpstreamTls,
 };
 pub use xdp::{Xdp, XdpMode};
 

@@ -67,6 +67,9 @@ pub struct UpstreamSection {
     pub resolve_interval: Option<Duration>,
     /// Active health checks.
     pub health_check: Option<HealthCheckSection>,
+    /// Begin every connection to the servers with a PROXY protocol header
+    /// naming the client: "v1" (text) or "v2" (binary); unset = none.
+    pub proxy_protocol: Option<String>,
 }
 
 /// `[[upstream.server]]`
@@ -145,6 +148,16 @@ pub enum HashKey {
     Cookie(String),
 }
 
+/// The PROXY protocol version an `[[upstream]]` sends (HAProxy's
+/// `send-proxy` and `send-proxy-v2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyProtocol {
+    /// The text header: `PROXY TCP4 client server cport sport`.
+    V1,
+    /// The binary header.
+    V2,
+}
+
 /// Upstream TLS settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamTls {
@@ -208,6 +221,9 @@ pub struct Upstream {
     pub health_check: Option<HealthCheck>,
     /// Zero: names are resolved only at load.
     pub resolve_interval: Duration,
+    /// A PROXY protocol header begins each connection (then the
+    /// connection serves only the client it names).
+    pub proxy_protocol: Option<ProxyProtocol>,
 }
 
 /// Where a route sends its requests.
@@ -345,6 +361,17 @@ fn validate_upstream(
         Some(h) => Some(validate_health(c, &k, h)?),
         None => None,
     };
+    let proxy_protocol = match u.proxy_protocol.as_deref() {
+        None => None,
+        Some("v1") => Some(ProxyProtocol::V1),
+        Some("v2") => Some(ProxyProtocol::V2),
+        Some(other) => {
+            return Err(c.err(
+                key("proxy_protocol"),
+                format!("expected \"v1\" or \"v2\", found {other:?}"),
+            ))
+        }
+    };
     Ok(Upstream {
         name,
         key_path: k.clone(),
@@ -364,6 +391,7 @@ fn validate_upstream(
             &key("resolve_interval"),
             u.resolve_interval.unwrap_or(Duration::from_secs(30)),
         )?,
+        proxy_protocol,
     })
 }
 
@@ -738,6 +766,17 @@ mod tests {
     }
 
     #[test]
+    fn a_pool_may_send_the_proxy_protocol() {
+        let c = load_text(&with(POOL, "")).unwrap();
+        assert_eq!(c.upstreams[0].proxy_protocol, None);
+        for (text, version) in [("v1", ProxyProtocol::V1), ("v2", ProxyProtocol::V2)] {
+            let keys = format!("proxy_protocol = \"{text}\"\n");
+            let c = load_text(&with(&pool(&keys), "")).unwrap();
+            assert_eq!(c.upstreams[0].proxy_protocol, Some(version));
+        }
+    }
+
+    #[test]
     fn name_resolution_can_be_left_to_load_time() {
         let c = load_text(&with(&pool("resolve_interval = \"0s\"\n"), "")).unwrap();
         assert!(c.upstreams[0].resolve_interval.is_zero());
@@ -757,6 +796,7 @@ mod tests {
             (with(&pool("balance = \"hash\"\n"), ""), "upstream[0].hash_key", "needs hash_key"),
             (with(&pool("balance = \"hash\"\nhash_key = \"query:x\"\n"), ""), "upstream[0].hash_key", "cookie:NAME"),
             (with(&pool("tls = true\n"), ""), "upstream[0].ca", "PEM bundle"),
+            (with(&pool("proxy_protocol = \"v3\"\n"), ""), "upstream[0].proxy_protocol", "\"v1\" or \"v2\""),
             (with(&pool("tls = true\nca = \"missing.pem\"\n"), ""), "upstream[0].ca", "readable PEM"),
             (with(&pool("ca = \"ca.pem\"\n"), ""), "upstream[0].ca", "tls = true"),
             (with(&pool("tls = true\nca = \"ca.pem\"\nclient_cert = \"ca.pem\"\n"), ""), "upstream[0].client_key", "needs client_key"),

@@ -77,6 +77,8 @@ pub(crate) struct UpstreamConn {
     /// The address it was opened to (a server's name may since resolve
     /// to another).
     pub addr: SocketAddr,
+    /// It began with a client's PROXY protocol header: that client's only.
+    pub private: bool,
     open: Gauge,
 }
 
@@ -89,6 +91,7 @@ impl UpstreamConn {
             reused: false,
             idle_since: Instant::now(),
             addr,
+            private: false,
             open,
         }
     }

@@ -26,6 +26,7 @@ use tlsgate_http1::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::timeout_at;
 
+use crate::client::ClientConn;
 use crate::conn::UpstreamConn;
 use crate::error::Failure;
 use crate::path::{normalize as normalize_path, BadPath};
@@ -127,8 +128,9 @@ pub trait Responder: Send {
 pub struct Request<'a> {
     /// The parsed head (framing already checked by the strict parser).
     pub head: &'a RequestHead,
-    /// The client's address.
-    pub peer: SocketAddr,
+    /// The client connection: its address, and its private upstream
+    /// connections.
+    pub conn: &'a ClientConn,
     /// `X-Forwarded-Client-Cert` value of a verified client certificate.
     pub client_cert: Option<String>,
     /// Request body limit of the route.
@@ -156,8 +158,9 @@ pub struct StreamRequest<'a> {
     pub content_length: Option<u64>,
     /// Whether the request has no body at all (END_STREAM on its HEADERS).
     pub end_stream: bool,
-    /// The client's address.
-    pub peer: SocketAddr,
+    /// The client connection: its address, and its private upstream
+    /// connections.
+    pub conn: &'a ClientConn,
     /// `X-Forwarded-Client-Cert` value of a verified client certificate.
     pub client_cert: Option<String>,
     /// Request body limit of the route.
@@ -422,7 +425,7 @@ fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
         },
         body: head.body(),
         websocket: websocket_upgrade(head),
-        peer: r.peer,
+        peer: r.conn.peer,
         client_cert: r.client_cert.as_deref(),
     }))
 }
@@ -442,6 +445,8 @@ struct Prepared<'a> {
     /// The client side can take the response while it still sends the
     /// body (an HTTP/2 stream): an early answer does not end the upload.
     duplex: bool,
+    /// The client connection it comes from.
+    conn: &'a ClientConn,
 }
 
 /// An upstream's answer: its head read, its body still to come.
@@ -502,7 +507,7 @@ async fn exchange<'p, B: RequestBody>(
             deadline,
             pool.cfg.connect_timeout,
             Failure::ConnectTimeout,
-            pool.connect(&mut lease),
+            pool.connect(&mut lease, p.conn),
         )
         .await
         {
@@ -690,9 +695,12 @@ pub async fn forward<D: Downstream + Send>(
         method: head.method(),
         framing: head.body(),
         replay: replay.as_deref(),
-        key: pool.hash_key(r.peer.ip(), |name| head.header(name).map(<[u8]>::to_vec)),
+        key: pool.hash_key(r.conn.peer.ip(), |name| {
+            head.header(name).map(<[u8]>::to_vec)
+        }),
         upgrade: websocket_upgrade(head).is_some(),
         duplex: false,
+        conn: r.conn,
     };
     let mut body = Http1Body {
         client: &mut *client,
@@ -760,13 +768,13 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
             via: b"2 tlsgate",
             body: framing,
             websocket: None,
-            peer: r.peer,
+            peer: r.conn.peer,
             client_cert: r.client_cert.as_deref(),
         }),
         method: r.method,
         framing,
         replay: r.end_stream.then_some(&[][..]),
-        key: pool.hash_key(r.peer.ip(), |name| {
+        key: pool.hash_key(r.conn.peer.ip(), |name| {
             r.fields
                 .iter()
                 .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -774,6 +782,7 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
         }),
         upgrade: false,
         duplex: true,
+        conn: r.conn,
     };
     let answer = tokio::select! {
         a = exchange(pool, &prepared, body, deadline) => match a {
@@ -784,7 +793,7 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
             return refused(CLIENT_CLOSED, SendError::Gone.reason(), None, false);
         }
     };
-    relay_stream(client, body, pool, answer, deadline).await
+    relay_stream(client, body, pool, answer, (deadline, r.conn)).await
 }
 
 /// Runs `fut` under `per`, and under the exchange's `deadline` when set.
@@ -1554,7 +1563,7 @@ async fn relay<D: Downstream>(
         };
     }
     if body.reusable {
-        pool.check_in(conn);
+        pool.check_in(conn, r.conn);
     }
     Outcome::Relayed {
         status,
@@ -1585,7 +1594,7 @@ async fn relay_stream<B: RequestBody, S: Responder>(
     request_body: &mut B,
     pool: &Pool,
     answer: Answer<'_>,
-    deadline: Option<Instant>,
+    (deadline, from): (Option<Instant>, &ClientConn),
 ) -> Outcome {
     let Answer {
         mut lease,
@@ -1679,7 +1688,7 @@ async fn relay_stream<B: RequestBody, S: Responder>(
         }
     }
     if body.reusable && body_sent {
-        pool.check_in(conn);
+        pool.check_in(conn, from);
     }
     Outcome::Relayed {
         status,
@@ -1835,9 +1844,10 @@ mod tests {
         let head = tlsgate_http1::parse_request(raw.as_bytes(), &Default::default())
             .unwrap()
             .unwrap();
+        let conn = ClientConn::new(peer.parse().unwrap(), None);
         let r = Request {
             head: &head,
-            peer: peer.parse().unwrap(),
+            conn: &conn,
             client_cert: None,
             max_body: 0,
             body_timeout: Duration::from_secs(1),

@@ -70,7 +70,7 @@ async fn check_once(p: &Pool, i: usize) -> bool {
     };
     let host = hc.host.clone().unwrap_or_else(|| s.cfg.address.clone());
     let exchange = async {
-        let mut conn = p.open(i).await.ok()?;
+        let mut conn = p.open(i, p.own_header().as_deref()).await.ok()?;
         let req = format!(
             "GET {} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: tlsgate-health-check\r\nConnection: close\r\n\r\n",
             hc.path

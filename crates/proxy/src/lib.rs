@@ -6,6 +6,9 @@
 //!   bundle, SNI, client certificate, session resumption).
 //! - [`Router`]: a listener's routes by Host, SNI and longest prefix of
 //!   the path as its readers could take it (`path`).
+//! - [`ClientConn`]: one client connection across its requests, and the
+//!   upstream connections private to it (those that began with its PROXY
+//!   protocol header).
 //! - [`forward`]: one exchange, streamed both ways over HTTP/1.1 with the
 //!   project's strict parser on both sides (tlsgate-http1), bounded
 //!   retries and 502/503/504 with a reason.
@@ -17,6 +20,7 @@
 
 mod background;
 mod balance;
+mod client;
 mod conn;
 mod error;
 mod forward;
@@ -27,6 +31,7 @@ mod resolve;
 mod route;
 mod tls;
 
+pub use client::{ClientConn, PRIVATE_IDLE_MAX};
 pub use error::Failure;
 pub use forward::{
     forward, forward_stream, BodyRefused, Downstream, Outcome, Request, RequestBody, Responder,

@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 
 use tlsgate_config::{ConfigError, HashKey, Upstream};
 use tlsgate_metrics::{PoolSeries, ProxyMetrics, ServerLabels, ServerSeries};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use crate::balance::{self, Balancer, Candidate};
+use crate::client::{self, ClientConn};
 use crate::conn::{Stream, UpstreamConn};
 use crate::error::Failure;
 use crate::tls::{self, Connector};
@@ -82,6 +84,9 @@ pub struct Pool {
     tls: Option<(Connector, TlsConnector)>,
     epoch: Instant,
     series: PoolSeries,
+    /// Tells this pool's private connections (`proxy_protocol`) from
+    /// those of the pool of the same name before or after a reload.
+    id: u64,
 }
 
 /// A server's state carried over a reload.
@@ -174,6 +179,10 @@ impl Pool {
             tls,
             epoch,
             series: metrics.pool(&cfg.name),
+            id: {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            },
         })
     }
 
@@ -293,27 +302,48 @@ impl Pool {
         }
     }
 
-    /// An idle connection of this thread to the lease's server, or a new one.
-    pub(crate) async fn connect(&self, lease: &mut Lease<'_>) -> Result<(), Failure> {
+    /// An idle connection of this thread to the lease's server, or a new
+    /// one; with `proxy_protocol`, one of `client`'s own, or a new one
+    /// introducing it.
+    pub(crate) async fn connect(
+        &self,
+        lease: &mut Lease<'_>,
+        client: &ClientConn,
+    ) -> Result<(), Failure> {
         let Some(s) = self.servers.get(lease.server) else {
             return Err(Failure::NoServer);
         };
-        if let Some(list) = s.idle.get(thread_slot() % s.idle.len()) {
+        let usable = |c: &UpstreamConn| {
+            c.idle_since.elapsed() < self.cfg.idle_timeout && c.addr == s.addr() && c.looks_alive()
+        };
+        let header = match self.cfg.proxy_protocol {
+            Some(version) => {
+                if let Some(mut c) = client.take(self.id, lease.server, usable) {
+                    c.reused = true;
+                    lease.conn = Some(c);
+                    return Ok(());
+                }
+                Some(client.header(version))
+            }
+            None => None,
+        };
+        if let (None, Some(list)) = (&header, s.idle.get(thread_slot() % s.idle.len())) {
             loop {
                 let popped = list.lock().unwrap_or_else(|e| e.into_inner()).pop();
                 let Some(mut c) = popped else { break };
                 s.series.connections_idle.dec();
-                if c.idle_since.elapsed() < self.cfg.idle_timeout
-                    && c.addr == s.addr()
-                    && c.looks_alive()
-                {
+                if usable(&c) {
                     c.reused = true;
                     lease.conn = Some(c);
                     return Ok(());
                 }
             }
         }
-        let opened = tokio::time::timeout(self.cfg.connect_timeout, self.open(lease.server)).await;
+        let opened = tokio::time::timeout(
+            self.cfg.connect_timeout,
+            self.open(lease.server, header.as_deref()),
+        )
+        .await;
         match opened {
             Ok(Ok(c)) => {
                 lease.conn = Some(c);
@@ -324,15 +354,28 @@ impl Pool {
         }
     }
 
-    /// Opens a connection to server `i` (TCP, then TLS if configured).
-    pub(crate) async fn open(&self, i: usize) -> Result<UpstreamConn, Failure> {
+    /// Opens a connection to server `i`: TCP, the PROXY protocol `header`
+    /// if any (a client's, which then owns the connection), then TLS if
+    /// configured.
+    pub(crate) async fn open(
+        &self,
+        i: usize,
+        header: Option<&[u8]>,
+    ) -> Result<UpstreamConn, Failure> {
         let s = self.servers.get(i).ok_or(Failure::NoServer)?;
         let addr = s.addr();
-        let tcp = TcpStream::connect(addr).await.map_err(|e| {
+        let mut tcp = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!(pool = %self.cfg.name, server = %s.cfg.address, "connect: {e}");
             Failure::Connect
         })?;
         let _ = tcp.set_nodelay(true);
+        if let Some(h) = header {
+            // Before any byte of TLS: the header is the connection's first.
+            tcp.write_all(h).await.map_err(|e| {
+                tracing::debug!(pool = %self.cfg.name, server = %s.cfg.address, "PROXY protocol header: {e}");
+                Failure::Connect
+            })?;
+        }
         let stream = match &self.tls {
             None => Stream::Plain(tcp),
             Some((connector, tc)) => {
@@ -344,22 +387,30 @@ impl Pool {
                 Stream::Tls(Box::new(tls))
             }
         };
-        Ok(UpstreamConn::new(
-            stream,
-            i,
-            addr,
-            s.series.connections_open.clone(),
-        ))
+        let mut conn = UpstreamConn::new(stream, i, addr, s.series.connections_open.clone());
+        conn.private = header.is_some();
+        Ok(conn)
+    }
+
+    /// The PROXY protocol header of a connection the proxy opens for
+    /// itself (a health check), if the pool sends one.
+    pub(crate) fn own_header(&self) -> Option<Vec<u8>> {
+        self.cfg.proxy_protocol.map(client::local_header)
     }
 
     /// Keeps a connection whose last exchange ended cleanly for reuse by
-    /// this thread (dropped when the list is full).
-    pub(crate) fn check_in(&self, mut conn: UpstreamConn) {
+    /// this thread, or by `client` alone when it carries its header
+    /// (dropped when the list is full).
+    pub(crate) fn check_in(&self, mut conn: UpstreamConn, client: &ClientConn) {
         let Some(s) = self.servers.get(conn.server) else {
             return;
         };
         // Opened to an address the server's name no longer resolves to.
         if conn.addr != s.addr() {
+            return;
+        }
+        if conn.private {
+            client.keep(self.id, conn, self.cfg.idle_timeout);
             return;
         }
         let Some(list) = s.idle.get(thread_slot() % s.idle.len()) else {

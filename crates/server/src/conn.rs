@@ -45,11 +45,14 @@ fn version_name(v: Option<ProtocolVersion>) -> &'static str {
 /// own, made by plain functions, so this future holds two pointers where it
 /// would otherwise reserve room for the handshake's state and for every
 /// value moved on the way (~10 KiB of 16 per idle connection).
+/// `destination` is where a balancer's header says the client connected
+/// to; the socket's own address is taken (for the PROXY protocol headers
+/// sent upstream) only on listeners with a route to a pool that sends them.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     listener: usize,
     sock: TcpStream,
-    peer: SocketAddr,
+    (peer, destination): (SocketAddr, Option<SocketAddr>),
     (_permit, slot): (Permit, HandshakeSlot),
     accepted: Instant,
 ) {
@@ -62,6 +65,11 @@ pub(crate) async fn handle(
     let Some(site) = gen.sites.get(listener) else {
         return;
     };
+    let destination = destination.or_else(|| {
+        site.sends_proxy_protocol
+            .then(|| sock.local_addr().ok())
+            .flatten()
+    });
     // TCP_NODELAY comes from the listener (`tlsgate_sys::reuseport_listener`):
     // Linux copies it to accepted sockets, so no setsockopt per connection.
     // From accept: a balancer's connection read its PROXY header first.
@@ -74,7 +82,7 @@ pub(crate) async fn handle(
         &gen,
         site,
         listener,
-        peer,
+        (peer, destination),
         handshake.await,
         accepted,
     );
@@ -128,12 +136,25 @@ pub(crate) async fn handle_proxied(
         }
     };
     count(header.version);
-    let peer = match header.origin {
-        Origin::Client(client) => client,
-        Origin::Balancer => balancer,
+    let (peer, destination) = match header.origin {
+        Origin::Client {
+            source,
+            destination,
+        } => (source, Some(destination)),
+        Origin::Balancer => (balancer, None),
     };
     match crate::worker::admit_source(&shared, permit, peer.ip()) {
-        Ok(admitted) => handle(shared, listener, sock, peer, admitted, accepted).await,
+        Ok(admitted) => {
+            handle(
+                shared,
+                listener,
+                sock,
+                (peer, destination),
+                admitted,
+                accepted,
+            )
+            .await
+        }
         Err(reason) => crate::worker::refuse(&shared, peer.ip(), reason),
     }
 }
@@ -158,7 +179,7 @@ fn after_handshake<'a>(
     gen: &'a Generation,
     site: &'a Site,
     listener: usize,
-    peer: SocketAddr,
+    (peer, destination): (SocketAddr, Option<SocketAddr>),
     handshake: Handshake,
     t0: Instant,
 ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'a>>> {
@@ -215,6 +236,7 @@ fn after_handshake<'a>(
         sni: tls.server_name().map(str::to_owned),
         tls_version: Some(version),
         client: tlsgate_tls::ClientIdentity::of(tls),
+        proxy: tlsgate_proxy::ClientConn::new(peer, destination),
     };
     if h2 {
         // HTTP/2 keeps the record layer in user space: h2 owns the byte

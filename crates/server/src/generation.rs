@@ -2,7 +2,7 @@
 //! open document roots). Connections hold the generation they were accepted
 //! under, so a reload swaps in a new one without touching them.
 
-use tlsgate_config::{Config, ConfigError};
+use tlsgate_config::{Config, ConfigError, RouteTarget};
 use tlsgate_files::{CacheOptions, DocumentRoot, RootOptions};
 use tlsgate_metrics::ProxyMetrics;
 use tlsgate_proxy::{Pools, Router};
@@ -19,6 +19,9 @@ pub struct Site {
     pub root: DocumentRoot,
     /// Routes to pools and other roots; requests none matches use `root`.
     pub routes: Router<DocumentRoot>,
+    /// A route goes to a pool that sends PROXY protocol headers, which
+    /// name the address each client connected to.
+    pub sends_proxy_protocol: bool,
 }
 
 /// The running configuration and what was built from it.
@@ -101,7 +104,19 @@ pub fn build(
         let routes = Router::build(&l.routes, &pools, |r, path| {
             open(format!("{}.root", r.key_path), path)
         })?;
-        sites.push(Site { tls, root, routes });
+        let sends_proxy_protocol = l.routes.iter().any(|r| match r.target {
+            RouteTarget::Upstream(i) => config
+                .upstreams
+                .get(i)
+                .is_some_and(|u| u.proxy_protocol.is_some()),
+            RouteTarget::Root(_) => false,
+        });
+        sites.push(Site {
+            tls,
+            root,
+            routes,
+            sends_proxy_protocol,
+        });
     }
     Ok(Generation {
         config,

@@ -107,7 +107,7 @@ pub(crate) async fn serve<T: Transport + Send>(
     let keep_alive = keep_alive && !reloaded(cx);
     let req = Request {
         head,
-        peer: cx.peer,
+        conn: &cx.proxy,
         client_cert: cx.client.as_ref().map(|c| c.forwarded_header()),
         max_body,
         body_timeout: limits.body_timeout,

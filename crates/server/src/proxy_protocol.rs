@@ -21,8 +21,14 @@ pub const MAX_HEADER: usize = 1024;
 /// Who a header says the connection is from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
-    /// A proxied client (an IPv4-mapped IPv6 address given as IPv4).
-    Client(SocketAddr),
+    /// A proxied client and the address it connected to (IPv4-mapped
+    /// IPv6 addresses given as IPv4).
+    Client {
+        /// The client.
+        source: SocketAddr,
+        /// Where it connected (the balancer's front, or this listener).
+        destination: SocketAddr,
+    },
     /// v2 `LOCAL` (the balancer's own connection, e.g. a health check) or
     /// v1 `UNKNOWN`: the connection's own peer is the client.
     Balancer,
@@ -145,13 +151,14 @@ fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
         }
         let h = result.map_err(|e| HeaderError::Malformed(e.to_string()))?;
         let origin = match (h.command, h.addresses) {
-            (v2::Command::Proxy, v2::Addresses::IPv4(a)) => {
-                Origin::Client(SocketAddr::new(IpAddr::V4(a.source_address), a.source_port))
-            }
-            (v2::Command::Proxy, v2::Addresses::IPv6(a)) => Origin::Client(SocketAddr::new(
-                IpAddr::V6(a.source_address).to_canonical(),
-                a.source_port,
-            )),
+            (v2::Command::Proxy, v2::Addresses::IPv4(a)) => proxied(
+                (a.source_address.into(), a.source_port),
+                (a.destination_address.into(), a.destination_port),
+            ),
+            (v2::Command::Proxy, v2::Addresses::IPv6(a)) => proxied(
+                (a.source_address.into(), a.source_port),
+                (a.destination_address.into(), a.destination_port),
+            ),
             // LOCAL, or an address family without an IP address: the
             // protocol says to use the connection's own addresses.
             _ => Origin::Balancer,
@@ -177,13 +184,14 @@ fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
         let line = input.get(..end + 2).unwrap_or_default();
         let h = v1::Header::try_from(line).map_err(|e| HeaderError::Malformed(e.to_string()))?;
         let origin = match h.addresses {
-            v1::Addresses::Tcp4(a) => {
-                Origin::Client(SocketAddr::new(IpAddr::V4(a.source_address), a.source_port))
-            }
-            v1::Addresses::Tcp6(a) => Origin::Client(SocketAddr::new(
-                IpAddr::V6(a.source_address).to_canonical(),
-                a.source_port,
-            )),
+            v1::Addresses::Tcp4(a) => proxied(
+                (a.source_address.into(), a.source_port),
+                (a.destination_address.into(), a.destination_port),
+            ),
+            v1::Addresses::Tcp6(a) => proxied(
+                (a.source_address.into(), a.source_port),
+                (a.destination_address.into(), a.destination_port),
+            ),
             v1::Addresses::Unknown => Origin::Balancer,
         };
         return Ok(Parsed::Whole(
@@ -195,6 +203,15 @@ fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
         ));
     }
     Err(HeaderError::Missing)
+}
+
+/// A client a header names, IPv4-mapped addresses as IPv4.
+fn proxied(source: (IpAddr, u16), destination: (IpAddr, u16)) -> Origin {
+    let canonical = |(ip, port): (IpAddr, u16)| SocketAddr::new(ip.to_canonical(), port);
+    Origin::Client {
+        source: canonical(source),
+        destination: canonical(destination),
+    }
 }
 
 #[cfg(test)]
@@ -213,8 +230,11 @@ mod tests {
         h
     }
 
-    fn client(s: &str) -> Origin {
-        Origin::Client(s.parse().unwrap())
+    fn client(source: &str, destination: &str) -> Origin {
+        Origin::Client {
+            source: source.parse().unwrap(),
+            destination: destination.parse().unwrap(),
+        }
     }
 
     /// What `parse` must say of a whole header of `len` bytes.
@@ -229,18 +249,30 @@ mod tests {
         input.extend_from_slice(b"\x16\x03\x01\x02\x00");
         assert_eq!(
             parse(&input).unwrap(),
-            whole(line.len(), client("192.0.2.7:56324"), "v1")
+            whole(
+                line.len(),
+                client("192.0.2.7:56324", "198.51.100.1:443"),
+                "v1"
+            )
         );
         let line = b"PROXY TCP6 2001:db8::7 2001:db8::1 56324 443\r\n";
         assert_eq!(
             parse(line).unwrap(),
-            whole(line.len(), client("[2001:db8::7]:56324"), "v1")
+            whole(
+                line.len(),
+                client("[2001:db8::7]:56324", "[2001:db8::1]:443"),
+                "v1"
+            )
         );
         // An IPv4 client behind a dual-stack balancer is an IPv4 client.
         let line = b"PROXY TCP6 ::ffff:192.0.2.9 2001:db8::1 56324 443\r\n";
         assert_eq!(
             parse(line).unwrap(),
-            whole(line.len(), client("192.0.2.9:56324"), "v1")
+            whole(
+                line.len(),
+                client("192.0.2.9:56324", "[2001:db8::1]:443"),
+                "v1"
+            )
         );
         assert_eq!(
             parse(b"PROXY UNKNOWN\r\n").unwrap(),
@@ -258,7 +290,7 @@ mod tests {
         input.extend_from_slice(b"\x16\x03\x01");
         assert_eq!(
             parse(&input).unwrap(),
-            whole(h.len(), client("192.0.2.7:56324"), "v2")
+            whole(h.len(), client("192.0.2.7:56324", "198.51.100.1:443"), "v2")
         );
         let mut addrs6 = Vec::new();
         addrs6.extend_from_slice(
@@ -272,7 +304,7 @@ mod tests {
         let h = v2(1, 0x21, &addrs6, &[]);
         assert_eq!(
             parse(&h).unwrap(),
-            whole(h.len(), client("[2001:db8::7]:56324"), "v2")
+            whole(h.len(), client("[2001:db8::7]:56324", "[::]:443"), "v2")
         );
         // LOCAL ignores whatever addresses it carries.
         let h = v2(0, 0x11, &addrs, &[]);

@@ -28,6 +28,8 @@ pub(crate) struct HttpCtx<'a> {
     pub tls_version: Option<&'static str>,
     /// The verified client certificate's identity (mutual TLS), if any.
     pub client: Option<tlsgate_tls::ClientIdentity>,
+    /// What the proxy keeps of this connection across its requests.
+    pub proxy: tlsgate_proxy::ClientConn,
 }
 
 /// A request as the core sees it, whatever protocol carried it.

@@ -163,7 +163,7 @@ async fn accept_loop(
                     shared.clone(),
                     listener_idx,
                     sock,
-                    peer,
+                    (peer, None),
                     (permit, slot),
                     accepted,
                 )));

@@ -1,12 +1,13 @@
 //! The PROXY protocol on a listener behind a load balancer
 //! (`proxy_protocol_from`): HAProxy in front sending v1 and v2 headers,
 //! hand-made headers (split, LOCAL, forged by an untrusted source,
-//! missing, late), and the limits applied to the client a header names.
+//! missing, late), and the limits applied to the client a header names;
+//! and headers sent to upstreams (`proxy_protocol` on a pool), read by nginx.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 mod common;
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -441,4 +442,299 @@ fn a_reload_changes_who_is_trusted_for_new_connections() {
     assert!(get_hello(&mut held).starts_with("HTTP/1.1 200"));
     s.wait_access_line(&["198.51.100.7 - ", "/hello.txt"]);
     assert!(!s.access_log().contains("127.0.0.2 - "));
+}
+
+// ---------------------------------------------------------------------
+// Sending the header upstream (`proxy_protocol` on an `[[upstream]]`),
+// to nginx listening with `proxy_protocol`: it refuses a connection
+// without a header, and answers with what the header told it.
+// ---------------------------------------------------------------------
+
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// nginx reading PROXY protocol headers on a plain port and on a TLS
+/// port (a certificate for localhost from a CA of its own), answering
+/// every request with the client and server addresses its connection's
+/// header named, its connection's serial number and how many requests
+/// that connection took; and the two ports and the CA's PEM file.
+fn nginx_reading_headers(fx: &Fixture) -> (Nginx, u16, u16, std::path::PathBuf) {
+    let nginx = "/usr/sbin/nginx";
+    assert!(
+        std::path::Path::new(nginx).exists(),
+        "{nginx} is missing: run ./dev setup (it installs nginx)"
+    );
+    let ca = make_ca("upstream CA");
+    let ca_pem = fx.path().join("upstream-ca.pem");
+    std::fs::write(&ca_pem, ca.0.pem()).unwrap();
+    let (_, _, cert, key) =
+        common::upstream::make_leaf(fx.path(), "nginx", &["localhost"], false, &ca);
+    let plain = free_port();
+    let tls = std::iter::repeat_with(free_port)
+        .find(|p| *p != plain)
+        .unwrap();
+    let dir = fx.path().join("nginx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.display();
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nuser root;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n  keepalive_timeout 60s;\n\
+               server {{\n    listen 127.0.0.1:{plain} proxy_protocol;\n    listen 127.0.0.1:{tls} ssl proxy_protocol;\n    ssl_certificate {cert};\n    ssl_certificate_key {key};\n\
+                 location / {{ return 200 \"client=$proxy_protocol_addr:$proxy_protocol_port server=$proxy_protocol_server_addr:$proxy_protocol_server_port conn=$connection n=$connection_requests\\n\"; }}\n  }}\n}}\n",
+            cert = cert.display(),
+            key = key.display(),
+        ),
+    )
+    .unwrap();
+    let child = Command::new(nginx)
+        .args(["-p", &d.to_string(), "-c", conf.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Read from /proc: a test connection without a header would count as
+    // one of the refusals the tests look for.
+    while !(listening(plain) && listening(tls)) {
+        assert!(Instant::now() < deadline, "nginx did not listen");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (Nginx(child), plain, tls, ca_pem)
+}
+
+/// What nginx said of one request: the header's client and server, the
+/// connection's serial number and its count of requests.
+#[derive(Debug, PartialEq)]
+struct Told {
+    client: String,
+    server: String,
+    conn: u64,
+    n: u64,
+}
+
+fn told(body: &str) -> Told {
+    let field = |name: &str| {
+        body.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {body:?}"))
+            .to_string()
+    };
+    Told {
+        client: field("client="),
+        server: field("server="),
+        conn: field("conn=").parse().unwrap(),
+        n: field("n=").parse().unwrap(),
+    }
+}
+
+/// A keep-alive GET of `path`; the status and the body.
+fn get_kept(s: &mut TlsStream, path: &str) -> (u16, String) {
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    s.flush().unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .unwrap_or_else(|| panic!("no length in {head}"))
+                .trim()
+                .parse()
+                .unwrap();
+            if got.len() >= end + 4 + len {
+                let status = head[9..12].parse().unwrap();
+                let body = String::from_utf8_lossy(&got[end + 4..end + 4 + len]).into_owned();
+                return (status, body);
+            }
+        }
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "closed mid-response: {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Every `tlsgate_upstream_connections_open` sample of `pool` is 0.
+fn none_open(metrics: &str, pool: &str) -> bool {
+    let prefix = format!("tlsgate_upstream_connections_open{{pool=\"{pool}\"");
+    let lines: Vec<&str> = metrics.lines().filter(|l| l.starts_with(&prefix)).collect();
+    !lines.is_empty() && lines.iter().all(|l| l.ends_with(" 0"))
+}
+
+#[test]
+fn upstreams_are_told_each_client_and_its_connections_serve_no_other() {
+    let fx = Fixture::new();
+    let (_nginx, plain, tls, ca_pem) = nginx_reading_headers(&fx);
+    let at = |port: u16| vec![(format!("127.0.0.1:{port}"), 1)];
+    // Checks every 100 ms: three failed in a row take a server out.
+    let check = "[upstream.health_check]\ninterval = \"100ms\"\ntimeout = \"1s\"\n";
+    let pools = [
+        pool("v1", &at(plain), "proxy_protocol = \"v1\"", check),
+        pool("v2", &at(plain), "proxy_protocol = \"v2\"", check),
+        pool(
+            "v2tls",
+            &at(tls),
+            &format!("proxy_protocol = \"v2\"\ntls = true\nca = {ca_pem:?}\nsni = \"localhost\""),
+            check,
+        ),
+        pool("none", &at(plain), "", check),
+    ]
+    .concat();
+    // One worker: one shared idle list, which a private connection must
+    // stay out of.
+    let top = format!(
+        "[server]\nworkers = 1\n{}\n{pools}",
+        common::upstream::NO_RATE_LIMIT
+    );
+    let routes = common::upstream::routes(&[
+        ("/v1", "v1"),
+        ("/v2", "v2"),
+        ("/tls", "v2tls"),
+        ("/none", "none"),
+    ]);
+    let s = Server::start(&fx, &fx.config(&top, &routes));
+    // nginx refuses the checks without a header: that server goes out;
+    // the checks with one (v2 LOCAL, v1 UNKNOWN) keep theirs in.
+    let m = s.metrics_when(|m| {
+        m.contains("tlsgate_upstream_healthy{pool=\"none\",") && {
+            m.lines().any(|l| {
+                l.starts_with("tlsgate_upstream_healthy{pool=\"none\",") && l.ends_with(" 0")
+            })
+        }
+    });
+    for p in ["v1", "v2", "v2tls"] {
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(&format!("tlsgate_upstream_healthy{{pool=\"{p}\",")))
+            .unwrap();
+        assert!(line.ends_with(" 1"), "{line}\n{m}");
+    }
+    let listener = s.addr.to_string();
+
+    let mut a = tls_connect(s.addr);
+    let a_addr = a.sock.local_addr().unwrap().to_string();
+    let (status, body) = get_kept(&mut a, "/v1/first");
+    assert_eq!(status, 200, "{body}");
+    let first = told(&body);
+    assert_eq!(
+        (first.client.as_str(), first.server.as_str(), first.n),
+        (a_addr.as_str(), listener.as_str(), 1)
+    );
+    // The same client's next request takes the same connection.
+    let again = told(&get_kept(&mut a, "/v1/again").1);
+    assert_eq!((again.conn, again.n), (first.conn, 2));
+    // Another client, while the first one's connection is idle: a
+    // connection of its own, introducing it.
+    let mut b = tls_connect(s.addr);
+    let b_addr = b.sock.local_addr().unwrap().to_string();
+    let other = told(&get_kept(&mut b, "/v1/other").1);
+    assert_eq!(other.client, b_addr);
+    assert_ne!(other.conn, first.conn);
+    assert_eq!(other.n, 1);
+    let third = told(&get_kept(&mut a, "/v1/third").1);
+    assert_eq!(
+        (third.client.as_str(), third.conn, third.n),
+        (a_addr.as_str(), first.conn, 3)
+    );
+    // v2, and v2 before a TLS handshake with the server.
+    for path in ["/v2/x", "/tls/x"] {
+        let (status, body) = get_kept(&mut a, path);
+        assert_eq!(status, 200, "{path}: {body}");
+        let t = told(&body);
+        assert_eq!(
+            (t.client.as_str(), t.server.as_str()),
+            (a_addr.as_str(), listener.as_str()),
+            "{path}"
+        );
+    }
+    // The pool without a header: nginx closes on it, and the check took
+    // the server out.
+    let (status, _) = get_kept(&mut a, "/none/x");
+    assert!(status == 502 || status == 503, "{status}");
+    // Clients gone: their connections close with them.
+    drop(a);
+    drop(b);
+    s.metrics_when(|m| none_open(m, "v1") && none_open(m, "v2") && none_open(m, "v2tls"));
+
+    // Over HTTP/2: the streams of one connection share its header.
+    let out = Command::new("curl")
+        .args([
+            "-sk",
+            "--http2",
+            "-w",
+            "local=%{local_ip}:%{local_port}\n",
+            "--resolve",
+            &format!("localhost:{}:127.0.0.1", s.addr.port()),
+            &format!("https://localhost:{}/v2/h2-one", s.addr.port()),
+            &format!("https://localhost:{}/v2/h2-two", s.addr.port()),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    let local = lines[1].strip_prefix("local=").unwrap();
+    let (one, two) = (told(lines[0]), told(lines[2]));
+    assert_eq!(lines[3], lines[1], "curl used two connections:\n{text}");
+    assert_eq!((one.client.as_str(), two.client.as_str()), (local, local));
+    assert_eq!((two.conn, two.n), (one.conn, 2));
+}
+
+#[test]
+fn a_balancers_header_is_passed_on_with_the_client_and_address_it_names() {
+    let fx = Fixture::new();
+    let (_nginx, plain, _, _) = nginx_reading_headers(&fx);
+    let s = server_trusting_with(
+        &fx,
+        "\"127.0.0.1\"",
+        &format!(
+            "{}{}",
+            common::upstream::NO_RATE_LIMIT,
+            pool(
+                "app",
+                &[(format!("127.0.0.1:{plain}"), 1)],
+                "proxy_protocol = \"v1\"",
+                ""
+            )
+        ),
+        &route("/app", "app", ""),
+    );
+    // The balancer's front is 192.0.2.80:8443; the client behind it
+    // 198.51.100.7:40001.
+    let client: SocketAddr = "198.51.100.7:40001".parse().unwrap();
+    let front: SocketAddr = "192.0.2.80:8443".parse().unwrap();
+    let mut c = tls_after_header("127.0.0.1", s.addr, &v2(1, client, front), 0).unwrap();
+    let (status, body) = get_kept(&mut c, "/app/x");
+    assert_eq!(status, 200, "{body}");
+    let t = told(&body);
+    assert_eq!(
+        (t.client.as_str(), t.server.as_str()),
+        ("198.51.100.7:40001", "192.0.2.80:8443")
+    );
+    // A LOCAL header: the balancer itself is the client, and the listener
+    // the address it connected to.
+    let mut own = tls_after_header("127.0.0.1", s.addr, &v2(0, client, front), 0).unwrap();
+    let mine = own.sock.local_addr().unwrap().to_string();
+    let t = told(&get_kept(&mut own, "/app/y").1);
+    assert_eq!(
+        (t.client.as_str(), t.server.as_str()),
+        (mine.as_str(), s.addr.to_string().as_str())
+    );
 }

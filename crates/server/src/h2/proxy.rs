@@ -71,7 +71,7 @@ pub(super) async fn serve(
         fields: &fields.fields,
         content_length: fields.content_length,
         end_stream: body.is_end_stream(),
-        peer: cx.peer,
+        conn: &cx.proxy,
         client_cert: cx.client.as_ref().map(|c| c.forwarded_header()),
         max_body,
     };

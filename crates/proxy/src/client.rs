@@ -1,0 +1,208 @@
+//! What the proxy keeps of one client connection across its requests:
+//! where it came from and to, and the upstream connections private to it.
+//!
+//! A pool with `proxy_protocol` begins each connection with a header that
+//! names the client (HAProxy's `send-proxy`). Such a connection speaks
+//! for that client only: it is never put in the pool's shared idle lists,
+//! but kept here, reused by the same client connection's next requests
+//! and closed with it, as HAProxy keeps its "private" server connections.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ppp::{v1, v2};
+use tlsgate_config::ProxyProtocol;
+
+use crate::conn::UpstreamConn;
+
+/// Idle private connections kept per client connection. An HTTP/1.1
+/// client needs one per server it is routed to; an HTTP/2 client with
+/// streams in flight may have opened more, and those beyond this close.
+pub const PRIVATE_IDLE_MAX: usize = 4;
+
+/// One client connection as the proxy sees it.
+pub struct ClientConn {
+    /// The client's address (the one a PROXY protocol header on the
+    /// listener named, if any).
+    pub peer: SocketAddr,
+    /// The address it connected to, when known (the listener's side of
+    /// the socket, or the destination a balancer's header named).
+    pub destination: Option<SocketAddr>,
+    /// Idle connections that carry this client's PROXY protocol header,
+    /// each with the id of the pool that opened it.
+    idle: Mutex<Vec<(u64, UpstreamConn)>>,
+}
+
+impl ClientConn {
+    /// A client connection from `peer` to `destination`.
+    pub fn new(peer: SocketAddr, destination: Option<SocketAddr>) -> Self {
+        Self {
+            peer,
+            destination,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The header that introduces this client to a server.
+    pub(crate) fn header(&self, version: ProxyProtocol) -> Vec<u8> {
+        let (source, destination) = addresses(self.peer, self.destination);
+        match version {
+            ProxyProtocol::V1 => v1::Addresses::from((source, destination))
+                .to_string()
+                .into_bytes(),
+            ProxyProtocol::V2 => v2::Builder::with_addresses(
+                v2::Version::Two | v2::Command::Proxy,
+                v2::Protocol::Stream,
+                (source, destination),
+            )
+            .build()
+            // Only writing a TLV can fail; no TLV is written.
+            .unwrap_or_default(),
+        }
+    }
+
+    /// A private idle connection of pool `pool` to server `server`, if one
+    /// is still usable.
+    pub(crate) fn take(
+        &self,
+        pool: u64,
+        server: usize,
+        usable: impl Fn(&UpstreamConn) -> bool,
+    ) -> Option<UpstreamConn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        // This server's that can no longer be used go now.
+        idle.retain(|(p, c)| *p != pool || c.server != server || usable(c));
+        let i = idle
+            .iter()
+            .position(|(p, c)| *p == pool && c.server == server)?;
+        Some(idle.swap_remove(i).1)
+    }
+
+    /// Keeps a private connection for this client's next requests; `false`
+    /// (and the connection closes) when enough are kept already.
+    pub(crate) fn keep(&self, pool: u64, conn: UpstreamConn, idle_timeout: Duration) -> bool {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        idle.retain(|(_, c)| now.saturating_duration_since(c.idle_since) < idle_timeout);
+        if idle.len() >= PRIVATE_IDLE_MAX {
+            return false;
+        }
+        let mut conn = conn;
+        conn.idle_since = now;
+        idle.push((pool, conn));
+        true
+    }
+}
+
+/// The header of a connection the proxy opens for itself (a health
+/// check): v2 `LOCAL`, v1 `UNKNOWN`; the server uses the connection's own
+/// addresses.
+pub(crate) fn local_header(version: ProxyProtocol) -> Vec<u8> {
+    match version {
+        ProxyProtocol::V1 => v1::Addresses::Unknown.to_string().into_bytes(),
+        ProxyProtocol::V2 => v2::Builder::new(
+            v2::Version::Two | v2::Command::Local,
+            v2::AddressFamily::Unspecified | v2::Protocol::Unspecified,
+        )
+        .build()
+        .unwrap_or_default(),
+    }
+}
+
+/// The two addresses of a header, in one family: IPv4-mapped ones as IPv4,
+/// and both as IPv6 when only one is IPv4. A destination not known is the
+/// unspecified address of the source's family, port 0.
+fn addresses(peer: SocketAddr, destination: Option<SocketAddr>) -> (SocketAddr, SocketAddr) {
+    let canonical = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+    let source = canonical(peer);
+    let destination = destination.map_or_else(
+        || {
+            let any = match source.ip() {
+                IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            };
+            SocketAddr::new(any, 0)
+        },
+        canonical,
+    );
+    match (source.ip(), destination.ip()) {
+        (IpAddr::V4(s), IpAddr::V6(_)) => (
+            SocketAddr::new(IpAddr::V6(s.to_ipv6_mapped()), source.port()),
+            destination,
+        ),
+        (IpAddr::V6(_), IpAddr::V4(d)) => (
+            source,
+            SocketAddr::new(IpAddr::V6(d.to_ipv6_mapped()), destination.port()),
+        ),
+        _ => (source, destination),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client(peer: &str, destination: Option<&str>) -> ClientConn {
+        ClientConn::new(
+            peer.parse().unwrap(),
+            destination.map(|d| d.parse().unwrap()),
+        )
+    }
+
+    #[test]
+    fn v1_names_the_client_and_where_it_connected() {
+        let c = client("203.0.113.7:40000", Some("192.0.2.1:443"));
+        assert_eq!(
+            c.header(ProxyProtocol::V1),
+            b"PROXY TCP4 203.0.113.7 192.0.2.1 40000 443\r\n"
+        );
+        let c = client("[2001:db8::7]:40000", Some("[2001:db8::1]:443"));
+        assert_eq!(
+            c.header(ProxyProtocol::V1),
+            b"PROXY TCP6 2001:db8::7 2001:db8::1 40000 443\r\n"
+        );
+    }
+
+    #[test]
+    fn v2_names_the_client_and_where_it_connected() {
+        let c = client("203.0.113.7:40000", Some("192.0.2.1:443"));
+        let h = c.header(ProxyProtocol::V2);
+        let mut want = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+        // PROXY, TCP over IPv4, 12 bytes of addresses.
+        want.extend_from_slice(&[0x21, 0x11, 0, 12, 203, 0, 113, 7, 192, 0, 2, 1]);
+        want.extend_from_slice(&40000u16.to_be_bytes());
+        want.extend_from_slice(&443u16.to_be_bytes());
+        assert_eq!(h, want);
+        // And ppp reads back what it wrote.
+        let parsed = v2::Header::try_from(h.as_slice()).unwrap();
+        assert_eq!(parsed.command, v2::Command::Proxy);
+    }
+
+    #[test]
+    fn mixed_families_are_sent_as_ipv6_and_mapped_ones_as_ipv4() {
+        let c = client("[::ffff:203.0.113.7]:1", Some("[::ffff:192.0.2.1]:443"));
+        assert_eq!(
+            c.header(ProxyProtocol::V1),
+            b"PROXY TCP4 203.0.113.7 192.0.2.1 1 443\r\n"
+        );
+        let c = client("203.0.113.7:1", Some("[2001:db8::1]:443"));
+        assert_eq!(
+            c.header(ProxyProtocol::V1),
+            b"PROXY TCP6 ::ffff:203.0.113.7 2001:db8::1 1 443\r\n"
+        );
+        let c = client("203.0.113.7:1", None);
+        assert_eq!(
+            c.header(ProxyProtocol::V1),
+            b"PROXY TCP4 203.0.113.7 0.0.0.0 1 0\r\n"
+        );
+    }
+
+    #[test]
+    fn a_health_check_says_it_is_the_proxys_own() {
+        assert_eq!(local_header(ProxyProtocol::V1), b"PROXY UNKNOWN\r\n");
+        let h = local_header(ProxyProtocol::V2);
+        assert_eq!(h.len(), 16);
+        assert_eq!(&h[12..], &[0x20, 0x00, 0, 0]);
+    }
+}
