@@ -16,10 +16,20 @@ use tlsgate_config::ProxyProtocol;
 
 use crate::conn::UpstreamConn;
 
-/// Idle private connections kept per client connection. An HTTP/1.1
-/// client needs one per server it is routed to; an HTTP/2 client with
-/// streams in flight may have opened more, and those beyond this close.
+/// Idle private connections kept per client connection, all pools
+/// together (and no more than a pool's `max_idle` of one pool's). An
+/// HTTP/1.1 client needs one per server it is routed to; an HTTP/2 client
+/// with streams in flight may have opened more: the oldest idle ones go.
 pub const PRIVATE_IDLE_MAX: usize = 4;
+
+/// A private connection waiting for its client's next request.
+struct Kept {
+    /// The pool that opened it.
+    pool: u64,
+    /// Its pool's `idle_timeout` from when it became idle.
+    until: Instant,
+    conn: UpstreamConn,
+}
 
 /// One client connection as the proxy sees it.
 pub struct ClientConn {
@@ -30,8 +40,8 @@ pub struct ClientConn {
     /// the socket, or the destination a balancer's header named).
     pub destination: Option<SocketAddr>,
     /// Idle connections that carry this client's PROXY protocol header,
-    /// each with the id of the pool that opened it.
-    idle: Mutex<Vec<(u64, UpstreamConn)>>,
+    /// oldest first.
+    idle: Mutex<Vec<Kept>>,
 }
 
 impl ClientConn {
@@ -71,28 +81,54 @@ impl ClientConn {
         usable: impl Fn(&UpstreamConn) -> bool,
     ) -> Option<UpstreamConn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        // This server's that can no longer be used go now.
-        idle.retain(|(p, c)| *p != pool || c.server != server || usable(c));
+        prune(&mut idle);
+        // This server's that can no longer be used go too.
+        idle.retain(|k| k.pool != pool || k.conn.server != server || usable(&k.conn));
         let i = idle
             .iter()
-            .position(|(p, c)| *p == pool && c.server == server)?;
-        Some(idle.swap_remove(i).1)
+            .position(|k| k.pool == pool && k.conn.server == server)?;
+        Some(idle.remove(i).conn)
     }
 
-    /// Keeps a private connection for this client's next requests; `false`
-    /// (and the connection closes) when enough are kept already.
-    pub(crate) fn keep(&self, pool: u64, conn: UpstreamConn, idle_timeout: Duration) -> bool {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        idle.retain(|(_, c)| now.saturating_duration_since(c.idle_since) < idle_timeout);
-        if idle.len() >= PRIVATE_IDLE_MAX {
-            return false;
+    /// Keeps a private connection for this client's next requests, for up
+    /// to `idle_timeout`; the oldest kept one goes when `max_idle` of its
+    /// pool or [`PRIVATE_IDLE_MAX`] are kept already (none with
+    /// `max_idle = 0`).
+    pub(crate) fn keep(
+        &self,
+        pool: u64,
+        mut conn: UpstreamConn,
+        (idle_timeout, max_idle): (Duration, usize),
+    ) {
+        let cap = max_idle.min(PRIVATE_IDLE_MAX);
+        if cap == 0 {
+            return;
         }
-        let mut conn = conn;
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        prune(&mut idle);
+        while idle.iter().filter(|k| k.pool == pool).count() >= cap {
+            if let Some(i) = idle.iter().position(|k| k.pool == pool) {
+                idle.remove(i);
+            }
+        }
+        while idle.len() >= PRIVATE_IDLE_MAX {
+            idle.remove(0);
+        }
+        let now = Instant::now();
         conn.idle_since = now;
-        idle.push((pool, conn));
-        true
+        idle.push(Kept {
+            pool,
+            until: now + idle_timeout,
+            conn,
+        });
     }
+}
+
+/// Lets go of kept connections past their idle timeout or closed by their
+/// server (which costs no system call while tokio knows them quiet).
+fn prune(idle: &mut Vec<Kept>) {
+    let now = Instant::now();
+    idle.retain(|k| now < k.until && k.conn.looks_alive());
 }
 
 /// The header of a connection the proxy opens for itself (a health
@@ -196,6 +232,81 @@ mod tests {
             c.header(ProxyProtocol::V1),
             b"PROXY TCP4 203.0.113.7 0.0.0.0 1 0\r\n"
         );
+    }
+
+    /// A plain connection to a local listener, its peer end kept open
+    /// in `peers` (a closed one would be let go as closed by its server).
+    async fn conn(
+        listener: &tokio::net::TcpListener,
+        server: usize,
+        peers: &mut Vec<tokio::net::TcpStream>,
+    ) -> (UpstreamConn, u16) {
+        let addr = listener.local_addr().unwrap();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        peers.push(listener.accept().await.unwrap().0);
+        let port = tcp.local_addr().unwrap().port();
+        let gauge = tlsgate_metrics::types::Gauge::default();
+        (
+            UpstreamConn::new(crate::conn::Stream::Plain(tcp), server, addr, gauge),
+            port,
+        )
+    }
+
+    fn port(c: Option<UpstreamConn>) -> Option<u16> {
+        c.map(|c| match &c.stream {
+            crate::conn::Stream::Plain(t) => t.local_addr().unwrap().port(),
+            crate::conn::Stream::Tls(_) => unreachable!(),
+        })
+    }
+
+    #[tokio::test]
+    async fn kept_connections_are_bounded_per_pool_and_in_all_the_oldest_going_first() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut peers = Vec::new();
+        let client = client("203.0.113.7:1", None);
+        let minute = Duration::from_secs(60);
+        // Pool 1 keeps at most 2 (its max_idle): the first of three goes.
+        let mut ports = Vec::new();
+        for _ in 0..3 {
+            let (c, p) = conn(&listener, 0, &mut peers).await;
+            client.keep(1, c, (minute, 2));
+            ports.push(p);
+        }
+        // Only this pool's, and only this server's, are taken.
+        assert_eq!(port(client.take(2, 0, |_| true)), None);
+        assert_eq!(port(client.take(1, 1, |_| true)), None);
+        let mut taken = [
+            port(client.take(1, 0, |_| true)),
+            port(client.take(1, 0, |_| true)),
+        ];
+        taken.sort();
+        assert_eq!(taken, [Some(ports[1]), Some(ports[2])]);
+        assert_eq!(port(client.take(1, 0, |_| true)), None);
+        // max_idle = 0 keeps none.
+        let (c, _) = conn(&listener, 0, &mut peers).await;
+        client.keep(3, c, (minute, 0));
+        assert_eq!(port(client.take(3, 0, |_| true)), None);
+        // Five from two pools: the oldest goes (PRIVATE_IDLE_MAX = 4).
+        let mut first = None;
+        for pool in [1, 1, 1, 2, 2] {
+            let (c, p) = conn(&listener, 0, &mut peers).await;
+            first.get_or_insert(p);
+            client.keep(pool, c, (minute, 100));
+        }
+        let mut left = Vec::new();
+        while let Some(p) = port(client.take(1, 0, |_| true)) {
+            left.push(p);
+        }
+        assert_eq!(left.len(), 2);
+        assert!(!left.contains(&first.unwrap()));
+        // Unusable ones of the server asked for are let go, not returned.
+        assert_eq!(port(client.take(2, 0, |_| false)), None);
+        assert_eq!(port(client.take(2, 0, |_| true)), None);
+        // Past the idle timeout: let go.
+        let (c, _) = conn(&listener, 0, &mut peers).await;
+        client.keep(4, c, (Duration::from_millis(1), 100));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(port(client.take(4, 0, |_| true)), None);
     }
 
     #[test]

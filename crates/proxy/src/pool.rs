@@ -410,7 +410,7 @@ impl Pool {
             return;
         }
         if conn.private {
-            client.keep(self.id, conn, self.cfg.idle_timeout);
+            client.keep(self.id, conn, (self.cfg.idle_timeout, self.cfg.max_idle));
             return;
         }
         let Some(list) = s.idle.get(thread_slot() % s.idle.len()) else {

@@ -611,19 +611,20 @@ fn upstreams_are_told_each_client_and_its_connections_serve_no_other() {
     let s = Server::start(&fx, &fx.config(&top, &routes));
     // nginx refuses the checks without a header: that server goes out;
     // the checks with one (v2 LOCAL, v1 UNKNOWN) keep theirs in.
-    let m = s.metrics_when(|m| {
-        m.contains("tlsgate_upstream_healthy{pool=\"none\",") && {
-            m.lines().any(|l| {
-                l.starts_with("tlsgate_upstream_healthy{pool=\"none\",") && l.ends_with(" 0")
-            })
-        }
-    });
+    let healthy = |m: &str, pool: &str| {
+        let prefix = format!("tlsgate_upstream_healthy{{pool=\"{pool}\",");
+        m.lines()
+            .find(|l| l.starts_with(&prefix))
+            .map(|l| l.ends_with(" 1"))
+    };
+    let m = s.metrics_when(|m| healthy(m, "none") == Some(false));
+    assert_eq!(healthy(&m, "none"), Some(false), "{m}");
+    // Three failed checks take a server out: 300 ms at 100 ms apart, and
+    // as long again for any check that began late.
+    std::thread::sleep(Duration::from_millis(700));
+    let m = s.admin_get("/metrics");
     for p in ["v1", "v2", "v2tls"] {
-        let line = m
-            .lines()
-            .find(|l| l.starts_with(&format!("tlsgate_upstream_healthy{{pool=\"{p}\",")))
-            .unwrap();
-        assert!(line.ends_with(" 1"), "{line}\n{m}");
+        assert_eq!(healthy(&m, p), Some(true), "{p}\n{m}");
     }
     let listener = s.addr.to_string();
 
@@ -670,7 +671,9 @@ fn upstreams_are_told_each_client_and_its_connections_serve_no_other() {
     // Clients gone: their connections close with them.
     drop(a);
     drop(b);
-    s.metrics_when(|m| none_open(m, "v1") && none_open(m, "v2") && none_open(m, "v2tls"));
+    let gone = |m: &str| none_open(m, "v1") && none_open(m, "v2") && none_open(m, "v2tls");
+    let m = s.metrics_when(gone);
+    assert!(gone(&m), "connections outlived their clients:\n{m}");
 
     // Over HTTP/2: the streams of one connection share its header.
     let out = Command::new("curl")
