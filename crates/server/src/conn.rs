@@ -45,6 +45,7 @@ fn version_name(v: Option<ProtocolVersion>) -> &'static str {
 /// own, made by plain functions, so this future holds two pointers where it
 /// would otherwise reserve room for the handshake's state and for every
 /// value moved on the way (~10 KiB of 16 per idle connection).
+///
 /// `destination` is where a balancer's header says the client connected
 /// to; the socket's own address is taken (for the PROXY protocol headers
 /// sent upstream) only on listeners with a route to a pool that sends them.
