@@ -315,16 +315,21 @@ fn a_killed_upstream_fails_no_idempotent_request() {
         "app",
         &servers,
         "retries = 2\nconnect_timeout = \"1s\"\nmax_fails = 1\nfail_timeout = \"30s\"",
-        "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\ntimeout = \"500ms\"\nfall = 1\nrise = 1\n",
+        "[upstream.health_check]\npath = \"/health\"\ninterval = \"1s\"\ntimeout = \"500ms\"\nfall = 1\nrise = 1\n",
     );
     let server = start(&fx, "", &pools, &route("/", "app", ""));
     let clients = Loop::start(server.addr, 4);
     std::thread::sleep(Duration::from_millis(700));
+    // Checks 1 s apart: requests meet the killed server before a check
+    // can take it out (with checks 100 ms apart one run in many saw no
+    // request fail on it, nothing to retry), and its first failure takes
+    // it out (max_fails = 1).
     a.kill();
     std::thread::sleep(Duration::from_millis(700));
-    // A server that still accepts but fails its health check goes too.
+    // A server that still accepts but fails its health check goes too,
+    // within a check's interval and timeout.
     b.healthy.store(false, Ordering::Relaxed);
-    std::thread::sleep(Duration::from_millis(700));
+    std::thread::sleep(Duration::from_millis(1700));
     let b_before = b.requests.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(500));
     let (failures, seen) = clients.finish();
