@@ -345,7 +345,9 @@ impl Pool {
         )
         .await;
         match opened {
-            Ok(Ok(c)) => {
+            Ok(Ok(mut c)) => {
+                // It introduced this client: its connection alone.
+                c.private = header.is_some();
                 lease.conn = Some(c);
                 Ok(())
             }
@@ -355,8 +357,7 @@ impl Pool {
     }
 
     /// Opens a connection to server `i`: TCP, the PROXY protocol `header`
-    /// if any (a client's, which then owns the connection), then TLS if
-    /// configured.
+    /// if any, then TLS if configured.
     pub(crate) async fn open(
         &self,
         i: usize,
@@ -387,9 +388,12 @@ impl Pool {
                 Stream::Tls(Box::new(tls))
             }
         };
-        let mut conn = UpstreamConn::new(stream, i, addr, s.series.connections_open.clone());
-        conn.private = header.is_some();
-        Ok(conn)
+        Ok(UpstreamConn::new(
+            stream,
+            i,
+            addr,
+            s.series.connections_open.clone(),
+        ))
     }
 
     /// The PROXY protocol header of a connection the proxy opens for

@@ -232,7 +232,6 @@ fn after_handshake<'a>(
         gen,
         site,
         shared,
-        peer,
         shutdown: shared.shutdown.subscribe(),
         sni: tls.server_name().map(str::to_owned),
         tls_version: Some(version),

@@ -94,7 +94,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
-            tracing::debug!(peer = %cx.peer, "HTTP/2 preface failed: {e}");
+            tracing::debug!(peer = %cx.peer(), "HTTP/2 preface failed: {e}");
             m.count_h2_rejected(error_reason(&e));
             return End::CutOff;
         }
@@ -136,7 +136,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
             biased;
             () = alarm.notify.notified() => {
                 let reason = alarm.tripped().unwrap_or("flood");
-                tracing::debug!(peer = %cx.peer, "HTTP/2 client cut off: {reason}");
+                tracing::debug!(peer = %cx.peer(), "HTTP/2 client cut off: {reason}");
                 m.count_h2_rejected(reason);
                 connection.abrupt_shutdown(Reason::ENHANCE_YOUR_CALM);
                 // What the client had open is abandoned with it.
@@ -182,7 +182,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                         }
                         Some(Err(e)) => {
                             if !is_client_gone(&e) {
-                                tracing::debug!(peer = %cx.peer, "HTTP/2 connection error: {e}");
+                                tracing::debug!(peer = %cx.peer(), "HTTP/2 connection error: {e}");
                                 m.count_h2_rejected(error_reason(&e));
                                 end = End::CutOff;
                             }
@@ -594,7 +594,7 @@ async fn send_file(
         let got = match body_piece(file, &mut pool, n, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
-                tracing::warn!(peer = %cx.peer, "file shrank or failed while being sent; stream reset");
+                tracing::warn!(peer = %cx.peer(), "file shrank or failed while being sent; stream reset");
                 send.send_reset(Reason::INTERNAL_ERROR);
                 return Err(Broken::Read);
             }

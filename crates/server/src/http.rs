@@ -186,7 +186,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             }
             Err(e) => {
                 let status = e.status();
-                tracing::debug!(peer = %cx.peer, "bad request: {e}");
+                tracing::debug!(peer = %cx.peer(), "bad request: {e}");
                 let t0 = Instant::now();
                 let bytes = simple(&mut out, cx, status, false, false, false);
                 log_request(
@@ -507,7 +507,7 @@ async fn respond<T: Transport + Send>(
         };
         if let Err(e) = filled {
             // The head promised a length we cannot deliver: drop the connection.
-            tracing::warn!(peer = %cx.peer, "read failed mid-response: {e}");
+            tracing::warn!(peer = %cx.peer(), "read failed mid-response: {e}");
             return Err(End::Abort);
         }
         let path = if io.offloaded() {
@@ -530,7 +530,7 @@ async fn respond<T: Transport + Send>(
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(End::Timeout("send")),
             Err(e) => {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    tracing::warn!(peer = %cx.peer, "{e}: connection dropped mid-response");
+                    tracing::warn!(peer = %cx.peer(), "{e}: connection dropped mid-response");
                 }
                 return Err(End::Abort);
             }

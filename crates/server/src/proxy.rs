@@ -44,7 +44,7 @@ pub(crate) fn route_to<'g>(cx: &HttpCtx<'g>, host: Option<&[u8]>, path: &[u8]) -
             .tls
             .host_fits(cx.sni.as_deref(), tlsgate_http1::host_without_port(h))
         {
-            tracing::debug!(peer = %cx.peer, sni = ?cx.sni, "421: the host is under another client_auth policy");
+            tracing::debug!(peer = %cx.peer(), sni = ?cx.sni, "421: the host is under another client_auth policy");
             return Routed::Refused(421);
         }
     }
@@ -70,7 +70,7 @@ pub(crate) fn reloaded(cx: &HttpCtx<'_>) -> bool {
 pub(crate) fn count_refusal(cx: &HttpCtx<'_>, pool: &Pool, status: u16, reason: &'static str) {
     if status >= 500 {
         pool.count_answer(status, reason);
-        tracing::debug!(peer = %cx.peer, pool = %pool.name(), "{status}: {reason}");
+        tracing::debug!(peer = %cx.peer(), pool = %pool.name(), "{status}: {reason}");
     }
 }
 

@@ -22,14 +22,22 @@ pub(crate) struct HttpCtx<'a> {
     pub gen: &'a Generation,
     pub site: &'a Site,
     pub shared: &'a Shared,
-    pub peer: SocketAddr,
     pub shutdown: watch::Receiver<bool>,
     pub sni: Option<String>,
     pub tls_version: Option<&'static str>,
     /// The verified client certificate's identity (mutual TLS), if any.
     pub client: Option<tlsgate_tls::ClientIdentity>,
-    /// What the proxy keeps of this connection across its requests.
+    /// The client's address (`peer()`), and what the proxy keeps of this
+    /// connection across its requests.
     pub proxy: tlsgate_proxy::ClientConn,
+}
+
+impl HttpCtx<'_> {
+    /// The client's address: the TCP peer, or the client a balancer's
+    /// PROXY protocol header named.
+    pub fn peer(&self) -> SocketAddr {
+        self.proxy.peer
+    }
 }
 
 /// A request as the core sees it, whatever protocol carried it.
@@ -193,7 +201,7 @@ pub(crate) fn decide(cx: &HttpCtx<'_>, root: &DocumentRoot, req: &Request<'_>) -
         Err(e) => {
             let status = e.status();
             if status >= 500 {
-                tracing::warn!(peer = %cx.peer, "cannot serve {:?}: {e}", String::from_utf8_lossy(req.path));
+                tracing::warn!(peer = %cx.peer(), "cannot serve {:?}: {e}", String::from_utf8_lossy(req.path));
             }
             return Reply::text(status);
         }
@@ -275,7 +283,7 @@ pub(crate) fn log_request(
         return;
     }
     let record = Record {
-        remote: cx.peer.ip(),
+        remote: cx.peer().ip(),
         time: wall,
         method: req.method,
         target: req.target,

@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
@@ -17,80 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::upstream::{
-    make_leaf, pattern, pool, route, routes, start, start_early_answering, upstream_tls, Python,
-    Upstream, NO_RATE_LIMIT,
+    body_text, get, make_leaf, pattern, pool, read_response, route, routes, start,
+    start_early_answering, upstream_tls, Python, Upstream, NO_RATE_LIMIT,
 };
 use common::{tls_connect, Fixture, Server, TlsStream, HELLO};
-
-// ---------------------------------------------------------------------
-// Client side.
-// ---------------------------------------------------------------------
-
-/// A response read off a keep-alive connection.
-struct Response {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-/// Reads one response (Content-Length, chunked, or until close).
-fn read_response(s: &mut TlsStream, head_request: bool) -> std::io::Result<Response> {
-    let mut r = BufReader::new(s);
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line)? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        head.push_str(&line);
-        if line == "\r\n" {
-            break;
-        }
-    }
-    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let lower = head.to_ascii_lowercase();
-    let mut body = Vec::new();
-    if head_request || status == 204 || status == 304 {
-    } else if lower.contains("transfer-encoding: chunked") {
-        loop {
-            let mut size = String::new();
-            r.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim(), 16)
-                .map_err(|_| std::io::Error::other(format!("bad chunk size {size:?}")))?;
-            if n == 0 {
-                let mut end = String::new();
-                r.read_line(&mut end)?;
-                break;
-            }
-            let at = body.len();
-            body.resize(at + n, 0);
-            r.read_exact(&mut body[at..])?;
-            let mut crlf = [0u8; 2];
-            r.read_exact(&mut crlf)?;
-        }
-    } else if let Some(cl) = lower
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length: "))
-    {
-        body.resize(cl.trim().parse().unwrap(), 0);
-        r.read_exact(&mut body)?;
-    } else {
-        r.read_to_end(&mut body)?;
-    }
-    Ok(Response { status, head, body })
-}
-
-fn get(s: &mut TlsStream, path: &str, extra: &str) -> std::io::Result<Response> {
-    // One write: a request in pieces meets Nagle and delayed ACKs.
-    let req = format!("GET {path} HTTP/1.1\r\nHost: app.test\r\n{extra}\r\n");
-    s.write_all(req.as_bytes())?;
-    s.flush()?;
-    read_response(s, false)
-}
-
-fn body_text(r: &Response) -> String {
-    String::from_utf8_lossy(&r.body).into_owned()
-}
 
 /// Clients requesting `/id` in a loop until stopped, half of them on a
 /// new connection per request.

@@ -7,13 +7,13 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::upstream::{pool, route, Upstream};
+use common::upstream::{body_text, get, pool, route, Upstream};
 use common::*;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConnection, StreamOwned};
@@ -540,34 +540,8 @@ fn told(body: &str) -> Told {
 
 /// A keep-alive GET of `path`; the status and the body.
 fn get_kept(s: &mut TlsStream, path: &str) -> (u16, String) {
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
-    s.flush().unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .unwrap_or_else(|| panic!("no length in {head}"))
-                .trim()
-                .parse()
-                .unwrap();
-            if got.len() >= end + 4 + len {
-                let status = head[9..12].parse().unwrap();
-                let body = String::from_utf8_lossy(&got[end + 4..end + 4 + len]).into_owned();
-                return (status, body);
-            }
-        }
-        let n = s.read(&mut buf).unwrap();
-        assert!(
-            n > 0,
-            "closed mid-response: {:?}",
-            String::from_utf8_lossy(&got)
-        );
-        got.extend_from_slice(&buf[..n]);
-    }
+    let r = get(s, path, "").unwrap();
+    (r.status, body_text(&r))
 }
 
 /// Every `tlsgate_upstream_connections_open` sample of `pool` is 0.

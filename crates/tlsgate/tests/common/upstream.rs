@@ -4,7 +4,7 @@
 //! route to them. Shared by tests/proxy.rs and tests/h2_proxy.rs.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -16,7 +16,78 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
 
-use super::{Fixture, Server};
+use super::{Fixture, Server, TlsStream};
+
+// ---------------------------------------------------------------------
+// Client side: responses read off a keep-alive connection.
+// ---------------------------------------------------------------------
+
+/// A response read off a keep-alive connection.
+pub struct Response {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+/// Reads one response (Content-Length, chunked, or until close).
+pub fn read_response(s: &mut TlsStream, head_request: bool) -> std::io::Result<Response> {
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let lower = head.to_ascii_lowercase();
+    let mut body = Vec::new();
+    if head_request || status == 204 || status == 304 {
+    } else if lower.contains("transfer-encoding: chunked") {
+        loop {
+            let mut size = String::new();
+            r.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim(), 16)
+                .map_err(|_| std::io::Error::other(format!("bad chunk size {size:?}")))?;
+            if n == 0 {
+                let mut end = String::new();
+                r.read_line(&mut end)?;
+                break;
+            }
+            let at = body.len();
+            body.resize(at + n, 0);
+            r.read_exact(&mut body[at..])?;
+            let mut crlf = [0u8; 2];
+            r.read_exact(&mut crlf)?;
+        }
+    } else if let Some(cl) = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+    {
+        body.resize(cl.trim().parse().unwrap(), 0);
+        r.read_exact(&mut body)?;
+    } else {
+        r.read_to_end(&mut body)?;
+    }
+    Ok(Response { status, head, body })
+}
+
+/// `GET path` (Host: app.test, `extra` header lines) and its response.
+pub fn get(s: &mut TlsStream, path: &str, extra: &str) -> std::io::Result<Response> {
+    // One write: a request in pieces meets Nagle and delayed ACKs.
+    let req = format!("GET {path} HTTP/1.1\r\nHost: app.test\r\n{extra}\r\n");
+    s.write_all(req.as_bytes())?;
+    s.flush()?;
+    read_response(s, false)
+}
+
+pub fn body_text(r: &Response) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
 
 // ---------------------------------------------------------------------
 // A test upstream: HTTP/1.1 with keep-alive, behaviour chosen by path.
