@@ -124,11 +124,12 @@ impl ClientConn {
     }
 }
 
-/// Lets go of kept connections past their idle timeout or closed by their
-/// server (which costs no system call while tokio knows them quiet).
+/// Lets go of kept connections past their idle timeout, closed by their
+/// server (which costs no system call while tokio knows them quiet), or
+/// opened before their server was last taken out of service.
 fn prune(idle: &mut Vec<Kept>) {
     let now = Instant::now();
-    idle.retain(|k| now < k.until && k.conn.looks_alive());
+    idle.retain(|k| now < k.until && !k.conn.predates_an_outage() && k.conn.looks_alive());
 }
 
 /// The header of a connection the proxy opens for itself (a health
@@ -247,7 +248,12 @@ mod tests {
         let port = tcp.local_addr().unwrap().port();
         let gauge = tlsgate_metrics::types::Gauge::default();
         (
-            UpstreamConn::new(crate::conn::Stream::Plain(tcp), server, addr, gauge),
+            UpstreamConn::new(
+                crate::conn::Stream::Plain(tcp),
+                (server, addr),
+                gauge,
+                Default::default(),
+            ),
             port,
         )
     }

@@ -4,6 +4,8 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -65,6 +67,24 @@ impl AsyncWrite for Stream {
     }
 }
 
+/// How many times a server was taken out of service (a passive mark or a
+/// failing health check), shared by its pool and every connection to it.
+/// A connection opened before the latest outage is suspect: wherever it
+/// waits (any worker's idle list, any client's private list), it is let
+/// go instead of reused.
+#[derive(Clone, Default)]
+pub(crate) struct Outages(Arc<AtomicU64>);
+
+impl Outages {
+    pub fn count(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn record(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// An open connection to server `server` of a pool.
 pub(crate) struct UpstreamConn {
     pub stream: Stream,
@@ -80,10 +100,18 @@ pub(crate) struct UpstreamConn {
     /// It began with a client's PROXY protocol header: that client's only.
     pub private: bool,
     open: Gauge,
+    /// Its server's outages, and their count when it was opened.
+    outages: Outages,
+    opened_after: u64,
 }
 
 impl UpstreamConn {
-    pub fn new(stream: Stream, server: usize, addr: SocketAddr, open: Gauge) -> Self {
+    pub fn new(
+        stream: Stream,
+        (server, addr): (usize, SocketAddr),
+        open: Gauge,
+        outages: Outages,
+    ) -> Self {
         open.inc();
         Self {
             stream,
@@ -93,7 +121,14 @@ impl UpstreamConn {
             addr,
             private: false,
             open,
+            opened_after: outages.count(),
+            outages,
         }
+    }
+
+    /// Whether its server was taken out of service since it was opened.
+    pub fn predates_an_outage(&self) -> bool {
+        self.outages.count() != self.opened_after
     }
 
     /// Whether an idle connection still looks usable: the server has

@@ -54,6 +54,7 @@ async fn check_loop(pool: Weak<Pool>, i: usize) {
             ok_run = 0;
             if was && bad_run >= hc.fall {
                 s.check_ok.store(false, Ordering::Relaxed);
+                s.outages.record();
                 tracing::warn!(pool = %p.cfg.name, server = %s.cfg.address, "upstream server out of service: {} health checks failed", bad_run);
             }
         }

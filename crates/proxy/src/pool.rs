@@ -16,7 +16,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::balance::{self, Balancer, Candidate};
 use crate::client::{self, ClientConn};
-use crate::conn::{Stream, UpstreamConn};
+use crate::conn::{Outages, Stream, UpstreamConn};
 use crate::error::Failure;
 use crate::tls::{self, Connector};
 
@@ -42,6 +42,9 @@ pub(crate) struct Server {
     down_until_ms: AtomicU64,
     /// The active health check's verdict (true without checks).
     pub check_ok: AtomicBool,
+    /// Times taken out of service: connections opened before the latest
+    /// are not reused.
+    pub(crate) outages: Outages,
     /// Idle keep-alive connections per thread slot.
     idle: Box<[Mutex<Vec<UpstreamConn>>]>,
     /// This server's series, looked up once (not per request: a lock and a
@@ -162,6 +165,7 @@ impl Pool {
                     fails: AtomicU32::new(0),
                     down_until_ms: AtomicU64::new(down_until_ms),
                     check_ok: AtomicBool::new(check_ok),
+                    outages: Outages::default(),
                     idle: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
                     series,
                 }
@@ -314,7 +318,10 @@ impl Pool {
             return Err(Failure::NoServer);
         };
         let usable = |c: &UpstreamConn| {
-            c.idle_since.elapsed() < self.cfg.idle_timeout && c.addr == s.addr() && c.looks_alive()
+            c.idle_since.elapsed() < self.cfg.idle_timeout
+                && c.addr == s.addr()
+                && !c.predates_an_outage()
+                && c.looks_alive()
         };
         let header = match self.cfg.proxy_protocol {
             Some(version) => {
@@ -390,9 +397,9 @@ impl Pool {
         };
         Ok(UpstreamConn::new(
             stream,
-            i,
-            addr,
+            (i, addr),
             s.series.connections_open.clone(),
+            s.outages.clone(),
         ))
     }
 
@@ -409,8 +416,9 @@ impl Pool {
         let Some(s) = self.servers.get(conn.server) else {
             return;
         };
-        // Opened to an address the server's name no longer resolves to.
-        if conn.addr != s.addr() {
+        // Opened to an address the server's name no longer resolves to,
+        // or before the server was last taken out of service.
+        if conn.addr != s.addr() || conn.predates_an_outage() {
             return;
         }
         if conn.private {
@@ -450,6 +458,7 @@ impl Pool {
                 u64::try_from(self.cfg.fail_timeout.as_millis()).unwrap_or(u64::MAX),
             );
             s.down_until_ms.store(until, Ordering::Relaxed);
+            s.outages.record();
             tracing::warn!(
                 pool = %self.cfg.name,
                 server = %s.cfg.address,
@@ -457,7 +466,9 @@ impl Pool {
                 self.cfg.fail_timeout,
                 f.reason()
             );
-            // Drop its idle connections of this thread: they are suspect.
+            // Its connections are suspect: those idle in other threads'
+            // lists and clients' private ones go when next looked at
+            // (`outages`), this thread's now.
             if let Some(list) = s.idle.get(thread_slot() % s.idle.len()) {
                 let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
                 s.series.connections_idle.dec_by(list.len() as i64);
@@ -562,15 +573,26 @@ mod tests {
     /// A pool `app` of three servers (not listening: never connected to
     /// here) with `keys`, and the running pool `previous` if any.
     fn pool(keys: &str, previous: Option<&Pool>) -> Pool {
+        let servers = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"].map(str::parse);
+        pool_of(&servers.map(Result::unwrap), keys, previous)
+    }
+
+    /// A pool `app` of one server at `addr` with `keys`.
+    fn pool_at(addr: SocketAddr, keys: &str) -> Pool {
+        pool_of(&[addr], keys, None)
+    }
+
+    fn pool_of(servers: &[SocketAddr], keys: &str, previous: Option<&Pool>) -> Pool {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.toml");
+        let servers: String = servers
+            .iter()
+            .map(|a| format!("[[upstream.server]]\naddress = \"{a}\"\n"))
+            .collect();
         std::fs::write(
             &path,
             format!(
-                "[[upstream]]\nname = \"app\"\n{keys}\n\
-                 [[upstream.server]]\naddress = \"127.0.0.1:1\"\n\
-                 [[upstream.server]]\naddress = \"127.0.0.1:2\"\n\
-                 [[upstream.server]]\naddress = \"127.0.0.1:3\"\n\
+                "[[upstream]]\nname = \"app\"\n{keys}\n{servers}\
                  [[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"/tmp\"\nself_signed = true\n"
             ),
         )
@@ -578,6 +600,62 @@ mod tests {
         let config = tlsgate_config::load(Some(&path), &Default::default(), dir.path()).unwrap();
         let metrics = tlsgate_metrics::Metrics::new().proxy;
         Pool::new("t", &config.upstreams[0], 1, &metrics, previous).unwrap()
+    }
+
+    /// Leases server 0 and connects; the connection, and whether it was
+    /// an idle one.
+    async fn lease(p: &Pool, client: &ClientConn) -> (UpstreamConn, bool) {
+        let mut l = p.choose(&[], None).unwrap();
+        p.connect(&mut l, client).await.unwrap();
+        let c = l.conn.take().unwrap();
+        let reused = c.reused;
+        (c, reused)
+    }
+
+    #[tokio::test]
+    async fn connections_opened_before_an_outage_are_not_reused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The server holds every connection open: none looks closed.
+        let held = tokio::spawn(async move {
+            let mut peers = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                peers.push(s);
+            }
+        });
+        for keys in ["max_fails = 1", "max_fails = 1\nproxy_protocol = \"v2\""] {
+            let p = pool_at(addr, keys);
+            let client = ClientConn::new("203.0.113.7:1".parse().unwrap(), None);
+            // Reuse works: checked in, taken again.
+            let (c, reused) = lease(&p, &client).await;
+            assert!(!reused, "{keys}");
+            p.check_in(c, &client);
+            let (in_flight, reused) = lease(&p, &client).await;
+            assert!(reused, "{keys}: an idle connection is reused");
+            // The server is marked (and the mark ends at once) while that
+            // connection is in flight and another is idle.
+            let (idle, _) = lease(&p, &client).await;
+            p.check_in(idle, &client);
+            mark(&p, 0);
+            p.servers[0].clear_mark();
+            // Neither is reused: the idle one is not taken, the one in
+            // flight is not kept.
+            p.check_in(in_flight, &client);
+            let (fresh, reused) = lease(&p, &client).await;
+            assert!(
+                !reused,
+                "{keys}: a connection from before the mark was reused"
+            );
+            // Connections opened since are reused again.
+            p.check_in(fresh, &client);
+            assert!(lease(&p, &client).await.1, "{keys}");
+            // So after a failing health check.
+            let (c, _) = lease(&p, &client).await;
+            p.check_in(c, &client);
+            p.servers[0].outages.record();
+            assert!(!lease(&p, &client).await.1, "{keys}");
+        }
+        held.abort();
     }
 
     fn mark(p: &Pool, i: usize) {
