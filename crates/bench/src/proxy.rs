@@ -2,7 +2,11 @@
 //! generator, plain keep-alive HTTP/1.1 to one upstream shared by all of
 //! them — measuring the proxy's own CPU per request (its process tree
 //! only), its rate and latency, for keep-alive 1 KiB and 64 KiB GETs and
-//! for a new TLS connection per request.
+//! for a new TLS connection per request; and 1 KiB both ways again through
+//! a pool that begins each upstream connection with a PROXY protocol v2
+//! header (tlsgate's `proxy_protocol`, HAProxy's `send-proxy-v2`; nginx's
+//! HTTP proxy cannot send one), where each client connection needs an
+//! upstream connection of its own.
 //!
 //! The upstream is an nginx serving the bench's files over plain HTTP (one
 //! worker, `sendfile`, `open_file_cache`, no access log): cheap per
@@ -27,14 +31,19 @@ use crate::report::Results;
 use crate::runner::{Beside, Job, Runner};
 use crate::scenario::BenchOptions;
 use crate::targets::{
-    find, free_port, nginx_head, program_version, write, Probe, ServerProcess, Target,
+    find, free_port, nginx_head, program_version, write, Probe, ProxyUpstream, ServerProcess,
+    Target, TargetKind, PROXY_PROTOCOL_PREFIX,
 };
 
 /// The scenario's name in results.
 pub const SCENARIO: &str = "proxy";
 
 /// The plain-HTTP upstream every proxy forwards to.
-pub struct Upstream(ServerProcess);
+pub struct Upstream {
+    server: ServerProcess,
+    /// Its port that requires a PROXY protocol header.
+    proxy_protocol: SocketAddr,
+}
 
 impl Upstream {
     /// Starts nginx on a free port of 127.0.0.1, pinned to `core`, and
@@ -45,12 +54,16 @@ impl Upstream {
         probe: &str,
     ) -> Result<Self, BenchError> {
         let program = find("nginx", &["/usr/sbin/nginx"])?;
-        let port = free_port()?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let proxy_protocol = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let dir = materials.dir().join("upstream");
         fs::create_dir_all(&dir).map_err(BenchError::io(&dir))?;
         let conf = dir.join("nginx.conf");
-        write(&conf, &upstream_config(materials, addr, &dir))?;
+        let upstream = ProxyUpstream {
+            plain: addr,
+            proxy_protocol,
+        };
+        write(&conf, &upstream_config(materials, upstream, &dir))?;
         let args = [
             "-p".to_string(),
             dir.display().to_string(),
@@ -72,22 +85,28 @@ impl Upstream {
                 Err(e) => Probe::NotYet(format!("GET {probe}: {e}")),
             },
         )?;
-        Ok(Self(server))
+        Ok(Self {
+            server,
+            proxy_protocol,
+        })
     }
 
-    /// Where it listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.0.addr()
+    /// Where it listens: plain, and with PROXY protocol headers.
+    pub fn addrs(&self) -> ProxyUpstream {
+        ProxyUpstream {
+            plain: self.server.addr(),
+            proxy_protocol: self.proxy_protocol,
+        }
     }
 
     /// Its processes.
     pub fn tree(&self) -> &ProcessTree {
-        self.0.tree()
+        self.server.tree()
     }
 
     /// Its version line.
     pub fn version(&self) -> &str {
-        self.0.version()
+        self.server.version()
     }
 }
 
@@ -105,34 +124,61 @@ fn get_status(addr: SocketAddr, path: &str) -> std::io::Result<u16> {
 }
 
 /// The upstream: nginx, one worker, the bench's root over plain HTTP/1.1,
-/// keep-alive without limit, file descriptors cached.
-pub fn upstream_config(m: &Materials, addr: SocketAddr, dir: &std::path::Path) -> String {
+/// keep-alive without limit, file descriptors cached; on its second port
+/// the same files under the PROXY protocol prefix, each connection opened
+/// by a PROXY protocol header.
+pub fn upstream_config(m: &Materials, at: ProxyUpstream, dir: &std::path::Path) -> String {
     format!(
         r#"{head}    open_file_cache max=64 inactive=1h;
     server {{
-        listen {addr};
+        listen {plain};
         root {root};
+    }}
+    server {{
+        listen {pp} proxy_protocol;
+        location {PROXY_PROTOCOL_PREFIX} {{
+            alias {root}/;
+        }}
     }}
 }}
 "#,
         head = nginx_head(dir),
+        plain = at.plain,
+        pp = at.proxy_protocol,
         root = m.root.display(),
     )
 }
 
 /// A case of the scenario.
-enum Case {
+#[derive(Clone, Copy)]
+enum Load {
     /// Keep-alive GETs of a file of this size.
     KeepAlive(u64),
     /// A new TLS 1.3 connection (full handshake) per 1 KiB GET.
     NewConnection,
 }
 
+#[derive(Clone, Copy)]
+struct Case {
+    load: Load,
+    /// To the upstream's PROXY protocol port, a v2 header on each
+    /// upstream connection (which is then its client connection's alone).
+    proxy_protocol: bool,
+}
+
+/// What the label of a PROXY protocol case ends with.
+const PROXY_PROTOCOL_SUFFIX: &str = ", PROXY protocol v2 upstream";
+
 impl Case {
     fn label(&self) -> String {
-        match self {
-            Case::KeepAlive(size) => format!("{} keep-alive", size_label(*size)),
-            Case::NewConnection => "1 KiB, new TLS 1.3 connection per request".into(),
+        let load = match self.load {
+            Load::KeepAlive(size) => format!("{} keep-alive", size_label(size)),
+            Load::NewConnection => "1 KiB, new TLS 1.3 connection per request".into(),
+        };
+        if self.proxy_protocol {
+            format!("{load}{PROXY_PROTOCOL_SUFFIX}")
+        } else {
+            load
         }
     }
 }
@@ -146,11 +192,27 @@ pub fn case_labels() -> Vec<String> {
     cases().iter().map(Case::label).collect()
 }
 
-fn cases() -> [Case; 3] {
+/// Whether the case labelled `case` is measured on `target`: the PROXY
+/// protocol cases only where the target can send the header.
+pub fn measures(case: &str, target: TargetKind) -> bool {
+    !case.ends_with(PROXY_PROTOCOL_SUFFIX) || target.sends_proxy_protocol()
+}
+
+fn cases() -> [Case; 5] {
+    let plain = |load| Case {
+        load,
+        proxy_protocol: false,
+    };
+    let pp = |load| Case {
+        load,
+        proxy_protocol: true,
+    };
     [
-        Case::KeepAlive(1 << 10),
-        Case::KeepAlive(64 << 10),
-        Case::NewConnection,
+        plain(Load::KeepAlive(1 << 10)),
+        plain(Load::KeepAlive(64 << 10)),
+        plain(Load::NewConnection),
+        pp(Load::KeepAlive(1 << 10)),
+        pp(Load::NewConnection),
     ]
 }
 
@@ -170,7 +232,7 @@ pub fn run(
         format!("{} (plain HTTP)", upstream.version()),
     );
     let mut settings = opts.settings(64 << 10);
-    settings.proxy_to = Some(upstream.addr());
+    settings.proxy_to = Some(upstream.addrs());
     let mut targets = Vec::new();
     for kind in &opts.targets {
         let t = Target::start(*kind, materials, &settings)?;
@@ -190,31 +252,37 @@ pub fn run(
             for k in 0..n {
                 let t = &mut targets[(k + ci + repeat) % n];
                 let name = case.label();
+                if !measures(&name, t.kind()) {
+                    continue;
+                }
+                let path = |p: &str| {
+                    if case.proxy_protocol {
+                        format!("{}{}", PROXY_PROTOCOL_PREFIX.trim_end_matches('/'), p)
+                    } else {
+                        p.to_string()
+                    }
+                };
                 tracing::info!(
                     "bench {SCENARIO} [{}/{}] {name} → {}",
                     repeat + 1,
                     opts.repeats,
                     t.kind()
                 );
-                let job = match case {
-                    Case::KeepAlive(size) => Job::Transfer(TransferJob {
+                let job = match case.load {
+                    Load::KeepAlive(size) => Job::Transfer(TransferJob {
                         addr: t.addr(),
                         server_name: SERVER_NAME.into(),
                         profile: TlsProfile::tls13_ecdsa(),
-                        path: if *size == 1 << 10 {
-                            small.clone()
-                        } else {
-                            large.clone()
-                        },
+                        path: path(if size == 1 << 10 { &small } else { &large }),
                         connections: opts.proxy_connections,
                         window: opts.window(),
                         cores: opts.placement.client_cores.clone(),
                     }),
-                    Case::NewConnection => Job::Handshake(HandshakeJob {
+                    Load::NewConnection => Job::Handshake(HandshakeJob {
                         addr: t.addr(),
                         server_name: SERVER_NAME.into(),
                         profile: TlsProfile::tls13_ecdsa(),
-                        path: small.clone(),
+                        path: path(&small),
                         pacing: Pacing::Closed {
                             concurrency: opts.proxy_connections,
                         },

@@ -86,9 +86,31 @@ pub struct TargetSettings {
     pub tlsgate_bin: PathBuf,
     /// tlsgate's kernel-TLS policy.
     pub tlsgate_offload: tlsgate_config::OffloadPolicy,
-    /// Proxy every request to this plain-HTTP/1.1 server (keep-alive)
-    /// instead of serving the document root (the `proxy` scenario).
-    pub proxy_to: Option<SocketAddr>,
+    /// Proxy every request to this upstream (keep-alive HTTP/1.1) instead
+    /// of serving the document root (the `proxy` scenario).
+    pub proxy_to: Option<ProxyUpstream>,
+}
+
+/// The upstream of the `proxy` scenario: one server, two ports.
+#[derive(Clone, Copy, Debug)]
+pub struct ProxyUpstream {
+    /// Plain HTTP/1.1: every path but those under [`PROXY_PROTOCOL_PREFIX`].
+    pub plain: SocketAddr,
+    /// The same files under [`PROXY_PROTOCOL_PREFIX`], on a port that
+    /// requires a PROXY protocol header: proxies that can send one route
+    /// that prefix there, with a v2 header on each connection.
+    pub proxy_protocol: SocketAddr,
+}
+
+/// Paths under this prefix go to the upstream's PROXY protocol port.
+pub const PROXY_PROTOCOL_PREFIX: &str = "/pp/";
+
+impl TargetKind {
+    /// Whether it can begin its upstream connections with a PROXY protocol
+    /// header in HTTP mode (nginx can only in its `stream` module).
+    pub fn sends_proxy_protocol(self) -> bool {
+        !matches!(self, Self::Nginx)
+    }
 }
 
 /// A server process the bench started: pinned, its output in a log, its
@@ -251,7 +273,7 @@ impl Target {
                 let conf = dir.join("nginx.conf");
                 write(
                     &conf,
-                    &nginx_config(materials, addr, &dir, settings.proxy_to),
+                    &nginx_config(materials, addr, &dir, settings.proxy_to.map(|u| u.plain)),
                 )?;
                 let version = program_version(&program, &["-v"]);
                 (
@@ -521,13 +543,18 @@ client_ca = "{client_ca}"
 }
 
 /// tlsgate as a proxy: every path of the listener above routed to one
-/// keep-alive pool (per-source handshake limits are already off).
-fn tlsgate_proxy_section(upstream: SocketAddr) -> String {
+/// keep-alive pool, those under the PROXY protocol prefix to a pool that
+/// sends v2 headers (per-source handshake limits are already off).
+fn tlsgate_proxy_section(upstream: ProxyUpstream) -> String {
     format!(
         r#"
 [[listener.route]]
 path = "/"
 upstream = "bench"
+
+[[listener.route]]
+path = "{PROXY_PROTOCOL_PREFIX}"
+upstream = "bench-pp"
 
 [[upstream]]
 name = "bench"
@@ -536,8 +563,19 @@ max_idle = {UPSTREAM_KEEPALIVE}
 max_fails = 0
 
 [[upstream.server]]
-address = "{upstream}"
-"#
+address = "{plain}"
+
+[[upstream]]
+name = "bench-pp"
+proxy_protocol = "v2"
+max_idle = {UPSTREAM_KEEPALIVE}
+max_fails = 0
+
+[[upstream.server]]
+address = "{pp}"
+"#,
+        plain = upstream.plain,
+        pp = upstream.proxy_protocol,
     )
 }
 
@@ -734,21 +772,31 @@ defaults
 /// HAProxy as a proxy: one thread, both certificates, every request to one
 /// server over keep-alive HTTP/1.1 (`http-reuse always`: idle server
 /// connections are shared by all client connections, as nginx's and
-/// tlsgate's pools are), the usual forwarding headers, default buffers.
-pub fn haproxy_proxy_config(m: &Materials, addr: SocketAddr, upstream: SocketAddr) -> String {
+/// tlsgate's pools are), the usual forwarding headers, default buffers;
+/// the PROXY protocol prefix to the upstream's other port with a v2
+/// header on each connection (`send-proxy-v2`).
+pub fn haproxy_proxy_config(m: &Materials, addr: SocketAddr, upstream: ProxyUpstream) -> String {
     format!(
         r#"{head}
 frontend bench
     bind {addr} ssl crt {ecdsa} crt {rsa} alpn http/1.1
     option forwardfor
     http-request set-header X-Forwarded-Proto https
+    use_backend upstream_pp if {{ path_beg {PROXY_PROTOCOL_PREFIX} }}
     default_backend upstream
 
 backend upstream
     http-reuse always
-    server u1 {upstream}
+    server u1 {plain}
+
+# Connections that carry a client's header are private to its connection.
+backend upstream_pp
+    http-reuse always
+    server u2 {pp} send-proxy-v2
 "#,
         head = haproxy_head(""),
+        plain = upstream.plain,
+        pp = upstream.proxy_protocol,
         ecdsa = m.ecdsa.combined.display(),
         rsa = m.rsa.combined.display(),
     )
