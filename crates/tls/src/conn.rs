@@ -122,11 +122,16 @@ impl HelloStart {
 /// A plaintext `protocol_version` fatal alert record.
 const ALERT_PROTOCOL_VERSION: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 
+/// The first bytes of a TLS 1.2 server flight kept: its ServerHello with
+/// the session ID and the extensions (~40 bytes from rustls).
+const FIRST_FLIGHT_KEPT: usize = 192;
+
 /// Writes for rustls that keep the first bytes sent: the TLS 1.2
-/// ServerHello's session ID, which a fatal alert must forget.
+/// ServerHello, whose session ID a fatal alert must forget and whose
+/// extensions say whether a ticket follows.
 struct FirstFlight<'a> {
     sock: &'a TcpStream,
-    bytes: &'a mut [u8; 76],
+    bytes: &'a mut [u8; FIRST_FLIGHT_KEPT],
     have: &'a mut usize,
 }
 
@@ -185,12 +190,48 @@ fn server_hello_session_id(flight: &[u8]) -> Option<([u8; 32], usize)> {
     (len > 0).then_some((out, len))
 }
 
+/// Whether a TLS 1.2 ServerHello at the start of `flight` carries the
+/// session_ticket extension, the promise of a NewSessionTicket (RFC 5077
+/// §3.2). After the session ID: cipher suite (2), compression (1), then
+/// the extensions' length and each extension's type and length.
+fn server_hello_sends_ticket(flight: &[u8]) -> bool {
+    const SESSION_TICKET: [u8; 2] = [0x00, 0x23];
+    let walk = || -> Option<bool> {
+        if flight.first() != Some(&0x16) || flight.get(5) != Some(&0x02) {
+            return None;
+        }
+        // The hello ends where its handshake header says (rustls may put
+        // the flight's next messages in the same record).
+        let hello = flight.get(6..9)?;
+        let hello_end = 9
+            + (usize::from(*hello.first()?) << 16)
+            + (usize::from(*hello.get(1)?) << 8)
+            + usize::from(*hello.get(2)?);
+        let at = 44 + usize::from(*flight.get(43)?) + 3;
+        let len = usize::from(u16::from_be_bytes([*flight.get(at)?, *flight.get(at + 1)?]));
+        let end = (at + 2 + len).min(hello_end);
+        let mut ext = flight.get(at + 2..end)?;
+        while let (Some(kind), Some(n)) = (ext.get(..2), ext.get(2..4)) {
+            if kind == SESSION_TICKET {
+                return Some(true);
+            }
+            let n = usize::from(u16::from_be_bytes([*n.first()?, *n.get(1)?]));
+            ext = ext.get(4 + n..)?;
+        }
+        Some(false)
+    };
+    walk().unwrap_or(false)
+}
+
 /// A TLS 1.2 session in the server's cache, forgotten if the connection
 /// ends in a fatal alert (RFC 5246 §7.2.2).
 struct CachedSession {
     config: std::sync::Arc<rustls::ServerConfig>,
     id: [u8; 32],
     len: usize,
+    /// A ticket was announced: the session is not cached
+    /// (crate::session_cache).
+    ticketed: bool,
 }
 
 impl CachedSession {
@@ -270,13 +311,14 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
     };
     if tls12 {
         // The first flight goes out now, its session ID noted.
-        let (mut flight, mut have) = ([0u8; 76], 0);
+        let (mut flight, mut have) = ([0u8; FIRST_FLIGHT_KEPT], 0);
         conn.flush_into(&mut flight, &mut have).await?;
         let flight = flight.get(..have).unwrap_or_default();
         conn.session = server_hello_session_id(flight).map(|(id, len)| CachedSession {
             config: config.clone(),
             id,
             len,
+            ticketed: server_hello_sends_ticket(flight),
         });
     }
     if let Err(e) = conn.finish_handshake().await {
@@ -347,6 +389,7 @@ const KEY_UPDATE: u8 = 24;
 
 impl TlsConnection {
     async fn finish_handshake(&mut self) -> Result<(), HandshakeError> {
+        let ticketed = self.session.as_ref().is_some_and(|s| s.ticketed);
         loop {
             let Layer::User(tls) = &mut self.layer else {
                 return Err(gone().into());
@@ -354,7 +397,11 @@ impl TlsConnection {
             // First whatever is already here: records that came in the same
             // read as the ClientHello (a pipelined flight, a second hello)
             // are processed now, never left waiting for more input.
-            if let Err(e) = tls.process_new_packets() {
+            let processed = {
+                let _ticketed = ticketed.then(crate::session_cache::TicketedSession::enter);
+                tls.process_new_packets()
+            };
+            if let Err(e) = processed {
                 // rustls queued the matching alert: try to deliver it.
                 let _ = tls.write_tls(&mut SyncIo(&self.sock));
                 return Err(e.into());
@@ -377,7 +424,11 @@ impl TlsConnection {
     }
 
     /// Sends what rustls holds, keeping the first bytes in `flight`.
-    async fn flush_into(&mut self, flight: &mut [u8; 76], have: &mut usize) -> io::Result<()> {
+    async fn flush_into(
+        &mut self,
+        flight: &mut [u8; FIRST_FLIGHT_KEPT],
+        have: &mut usize,
+    ) -> io::Result<()> {
         loop {
             let Layer::User(tls) = &mut self.layer else {
                 return Err(gone());
@@ -1063,5 +1114,44 @@ mod tests {
         assert!(server_hello_session_id(&empty).is_none());
         assert!(server_hello_session_id(&flight[..50]).is_none());
         assert!(server_hello_session_id(&[0x15, 3, 3, 0, 2, 2, 40]).is_none());
+    }
+
+    /// A ServerHello with a 32-byte ID and `exts`, followed in the same
+    /// record by the start of a Certificate message.
+    fn server_hello(exts: &[u8]) -> Vec<u8> {
+        let body = 2 + 32 + 1 + 32 + 3 + 2 + exts.len();
+        let mut m = vec![2, 0, 0, u8::try_from(body).unwrap(), 3, 3];
+        m.extend([7u8; 32]);
+        m.push(32);
+        m.extend(1..=32u8);
+        m.extend([0xc0, 0x2b, 0]);
+        m.extend(u16::try_from(exts.len()).unwrap().to_be_bytes());
+        m.extend(exts);
+        // The next message: a Certificate whose bytes hold 0x00 0x23.
+        m.extend([11, 0, 0, 8, 0, 0x23, 0, 0, 0, 0x23, 0, 0]);
+        let mut r = vec![0x16, 3, 3];
+        r.extend(u16::try_from(m.len()).unwrap().to_be_bytes());
+        r.extend(m);
+        r
+    }
+
+    #[test]
+    fn a_ticket_is_told_from_the_server_hellos_extensions_only() {
+        // renegotiation_info, extended_master_secret, session_ticket.
+        let with = [0xff, 0x01, 0, 1, 0, 0, 0x17, 0, 0, 0, 0x23, 0, 0];
+        assert!(server_hello_sends_ticket(&server_hello(&with)));
+        let without = [0xff, 0x01, 0, 1, 0, 0, 0x17, 0, 0];
+        assert!(!server_hello_sends_ticket(&server_hello(&without)));
+        // An extension whose data holds 0x00 0x23 is not the extension.
+        let inside = [0x00, 0x10, 0, 4, 0, 0x23, 0, 0x23];
+        assert!(!server_hello_sends_ticket(&server_hello(&inside)));
+        assert!(!server_hello_sends_ticket(&server_hello(&[])));
+        // Cut short, or not a ServerHello: no.
+        let full = server_hello(&with);
+        assert!(!server_hello_sends_ticket(&full[..full.len() - 20]));
+        assert!(!server_hello_sends_ticket(&[0x15, 3, 3, 0, 2, 2, 40]));
+        // An extension length running past the hello stops the walk.
+        let long = [0x00, 0x10, 0xff, 0xff, 0, 0x23, 0, 0];
+        assert!(!server_hello_sends_ticket(&server_hello(&long)));
     }
 }

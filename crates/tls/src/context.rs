@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rustls::crypto::aws_lc_rs::{cipher_suite as cs, default_provider, kx_group};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
-use rustls::server::{NoServerSessionStorage, ProducesTickets, ServerSessionMemoryCache};
+use rustls::server::{NoServerSessionStorage, ProducesTickets};
 use rustls::{ServerConfig, SupportedCipherSuite};
 use tlsgate_config::{
     Alpn, Certificates, CipherSuite, ClientAuth, KxGroup, Listener, TlsPolicy, TlsVersion,
@@ -67,11 +67,12 @@ fn server_config(
     // The listener's protocols in its order: the server's choice wins.
     config.alpn_protocols = alpn.iter().map(|p| p.id().as_bytes().to_vec()).collect();
     // Each policy has its own TLS 1.2 session-ID cache: a session never
-    // resumes under another policy.
+    // resumes under another policy. It keeps only sessions that got no
+    // ticket (crate::session_cache).
     config.session_storage = if policy.session_cache_size == 0 {
         Arc::new(NoServerSessionStorage {})
     } else {
-        ServerSessionMemoryCache::new(policy.session_cache_size)
+        crate::session_cache::SessionIdCache::new(policy.session_cache_size)
     };
     // Tickets (set by `set_tickets`) or, without them, the session
     // cache above. rustls only resumes TLS 1.3 with a fresh (EC)DHE

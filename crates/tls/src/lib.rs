@@ -16,6 +16,7 @@ pub mod error;
 mod offload;
 pub mod remote;
 pub mod resolver;
+mod session_cache;
 pub mod tickets;
 
 pub use certs::{load, load_all, self_signed, LoadedCert, SelfSigned, SelfSignedCache};

@@ -584,6 +584,50 @@ fn sessions_resume_on_tls12_and_tls13_and_are_counted() {
     }
 }
 
+/// The TLS 1.2 session-ID cache keeps the sessions of clients that take
+/// no ticket. A session given a ticket resumes with it and is not cached,
+/// so ticketed handshakes, however many, evict no one from the cache.
+#[test]
+fn tls12_sessions_given_a_ticket_stay_out_of_the_id_cache() {
+    use rustls::client::{ClientSessionMemoryCache, Resumption, Tls12Resumption};
+    use rustls::HandshakeKind::{Full, Resumed};
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("[tls]\nsession_cache_size = 2\n", ""));
+    let client = |tickets: bool| {
+        let mut c = client_config(&[&rustls::version::TLS12]);
+        let store = std::sync::Arc::new(ClientSessionMemoryCache::new(8));
+        c.resumption = Resumption::store(store).tls12_resumption(if tickets {
+            Tls12Resumption::SessionIdOrTickets
+        } else {
+            Tls12Resumption::SessionIdOnly
+        });
+        std::sync::Arc::new(c)
+    };
+    let visit = |cfg: &std::sync::Arc<rustls::ClientConfig>| {
+        let mut c = tls_connect_shared(s.addr, "localhost", cfg.clone()).unwrap();
+        c.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        assert!(read_to_close(&mut c).ends_with(HELLO));
+        c.conn.handshake_kind().unwrap()
+    };
+    // A client without tickets: cached, resumed by its session ID.
+    let id_only = client(false);
+    assert_eq!(visit(&id_only), Full);
+    assert_eq!(visit(&id_only), Resumed, "by session ID");
+    // Clients with tickets resume with them. Five new sessions, in a
+    // cache of two, would have evicted the first client's.
+    for _ in 0..5 {
+        let ticketed = client(true);
+        assert_eq!(visit(&ticketed), Full);
+        assert_eq!(visit(&ticketed), Resumed, "by ticket");
+    }
+    assert_eq!(
+        visit(&id_only),
+        Resumed,
+        "ticketed sessions took the places of a client without tickets"
+    );
+}
+
 #[test]
 fn listens_on_ipv6() {
     let s = Server::spawn(&[
