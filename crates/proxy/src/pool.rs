@@ -77,6 +77,12 @@ impl Server {
     pub(crate) fn addr(&self) -> SocketAddr {
         *self.addr.read().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Whether `conn` may still serve it: opened to the address its name
+    /// resolves to now, and since it was last taken out of service.
+    fn may_reuse(&self, conn: &UpstreamConn) -> bool {
+        conn.addr == self.addr() && !conn.predates_an_outage()
+    }
 }
 
 /// A pool of servers built from one `[[upstream]]` of one generation.
@@ -318,10 +324,7 @@ impl Pool {
             return Err(Failure::NoServer);
         };
         let usable = |c: &UpstreamConn| {
-            c.idle_since.elapsed() < self.cfg.idle_timeout
-                && c.addr == s.addr()
-                && !c.predates_an_outage()
-                && c.looks_alive()
+            c.idle_since.elapsed() < self.cfg.idle_timeout && s.may_reuse(c) && c.looks_alive()
         };
         let header = match self.cfg.proxy_protocol {
             Some(version) => {
@@ -416,9 +419,7 @@ impl Pool {
         let Some(s) = self.servers.get(conn.server) else {
             return;
         };
-        // Opened to an address the server's name no longer resolves to,
-        // or before the server was last taken out of service.
-        if conn.addr != s.addr() || conn.predates_an_outage() {
+        if !s.may_reuse(&conn) {
             return;
         }
         if conn.private {

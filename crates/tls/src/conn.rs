@@ -176,41 +176,44 @@ impl Write for FirstFlight<'_> {
     }
 }
 
-/// The session ID of a TLS 1.2 ServerHello at the start of `flight`:
-/// record header (5), handshake header (4), version (2), random (32),
-/// then the ID's length and the ID.
-fn server_hello_session_id(flight: &[u8]) -> Option<([u8; 32], usize)> {
+/// The body of a TLS 1.2 ServerHello at the start of `flight`, as far as
+/// `flight` holds it: after the record header (5) and the handshake header
+/// (4), up to the hello's own end (rustls may put the flight's next
+/// messages in the same record).
+fn server_hello(flight: &[u8]) -> Option<&[u8]> {
     if flight.first() != Some(&0x16) || flight.get(5) != Some(&0x02) {
         return None;
     }
-    let len = usize::from(*flight.get(43)?);
-    let id = flight.get(44..44 + len)?;
+    let len = flight
+        .get(6..9)?
+        .iter()
+        .fold(0usize, |n, b| n << 8 | usize::from(*b));
+    flight.get(9..(9 + len).min(flight.len()))
+}
+
+/// The session ID of a TLS 1.2 ServerHello: after version (2) and random
+/// (32), the ID's length and the ID.
+fn server_hello_session_id(flight: &[u8]) -> Option<([u8; 32], usize)> {
+    let hello = server_hello(flight)?;
+    let len = usize::from(*hello.get(34)?);
+    let id = hello.get(35..35 + len)?;
     let mut out = [0u8; 32];
     out.get_mut(..len)?.copy_from_slice(id);
     (len > 0).then_some((out, len))
 }
 
-/// Whether a TLS 1.2 ServerHello at the start of `flight` carries the
-/// session_ticket extension, the promise of a NewSessionTicket (RFC 5077
-/// §3.2). After the session ID: cipher suite (2), compression (1), then
-/// the extensions' length and each extension's type and length.
+/// Whether a TLS 1.2 ServerHello carries the session_ticket extension, the
+/// promise of a NewSessionTicket (RFC 5077 §3.2). After the session ID:
+/// cipher suite (2), compression (1), then the extensions' length and each
+/// extension's type and length.
 fn server_hello_sends_ticket(flight: &[u8]) -> bool {
     const SESSION_TICKET: [u8; 2] = [0x00, 0x23];
     let walk = || -> Option<bool> {
-        if flight.first() != Some(&0x16) || flight.get(5) != Some(&0x02) {
-            return None;
-        }
-        // The hello ends where its handshake header says (rustls may put
-        // the flight's next messages in the same record).
-        let hello = flight.get(6..9)?;
-        let hello_end = 9
-            + (usize::from(*hello.first()?) << 16)
-            + (usize::from(*hello.get(1)?) << 8)
-            + usize::from(*hello.get(2)?);
-        let at = 44 + usize::from(*flight.get(43)?) + 3;
-        let len = usize::from(u16::from_be_bytes([*flight.get(at)?, *flight.get(at + 1)?]));
-        let end = (at + 2 + len).min(hello_end);
-        let mut ext = flight.get(at + 2..end)?;
+        let hello = server_hello(flight)?;
+        let at = 35 + usize::from(*hello.get(34)?) + 3;
+        let len = usize::from(u16::from_be_bytes([*hello.get(at)?, *hello.get(at + 1)?]));
+        let listed = hello.get(at + 2..)?;
+        let mut ext = listed.get(..len).unwrap_or(listed);
         while let (Some(kind), Some(n)) = (ext.get(..2), ext.get(2..4)) {
             if kind == SESSION_TICKET {
                 return Some(true);
