@@ -14,6 +14,12 @@
 //! not a stream), then writes its request and reads the answer itself. That
 //! saves the reader thread's wake-up and the hand-over per signature; a
 //! thread whose lane cannot be had signs over the shared connection.
+//!
+//! A worker's handshakes do not block on their lane: rustls' signing call
+//! is suspended (`tlsgate_tls::run_signing`) and the handshake awaits its
+//! answer on the thread's [`AsyncLane`], whose requests of one runtime turn
+//! leave in one packet and come back in one. The blocking lane serves the
+//! rest (a signature outside a suspendable call, no runtime).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -30,7 +36,8 @@ use std::time::{Duration, Instant};
 use rustls::sign::CertifiedKey;
 use rustls::SignatureScheme;
 use rustls_pki_types::CertificateDer;
-use tlsgate_tls::{KeyBackend, KeyUnavailable, LoadedCert, RemoteKey};
+use tlsgate_tls::{KeyBackend, KeyUnavailable, LoadedCert, RemoteKey, SignFuture};
+use tokio::sync::{oneshot, Notify};
 
 use crate::proto::{self, CertEntry, Deframer, LoadError, Request, Response};
 
@@ -199,24 +206,33 @@ impl Connection {
     /// the process must stay single-threaded, and the key server is
     /// then asked only to load).
     fn open_lane(self: &Arc<Self>, timeout: Duration) -> io::Result<Lane> {
-        if lock(&self.direct).is_some() || !self.alive.load(Ordering::SeqCst) {
-            return Err(io::ErrorKind::NotConnected.into());
-        }
-        let (ours, theirs) = tlsgate_sys::ipc::packet_pair()?;
+        let ours = self.lane_socket()?;
         ours.set_read_timeout(Some(timeout))?;
         ours.set_write_timeout(Some(timeout))?;
-        let mut frame = Vec::with_capacity(16);
-        proto::encode_request(&mut frame, 0, &Request::Lane);
-        {
-            let writer = lock(&self.writer);
-            tlsgate_sys::ipc::send_with_fd(&writer, &frame, &theirs)?;
-        }
         Ok(Lane {
             conn: Arc::downgrade(self),
             sock: ours,
             frames: Deframer::new(proto::MAX_RESPONSE),
             out: Vec::with_capacity(1024),
         })
+    }
+}
+
+impl Connection {
+    /// Our end of a new lane: a socket pair whose other end goes to the
+    /// key server with a `lane` request.
+    fn lane_socket(&self) -> io::Result<UnixStream> {
+        if lock(&self.direct).is_some() || !self.alive.load(Ordering::SeqCst) {
+            return Err(io::ErrorKind::NotConnected.into());
+        }
+        let (ours, theirs) = tlsgate_sys::ipc::packet_pair()?;
+        let mut frame = Vec::with_capacity(16);
+        proto::encode_request(&mut frame, 0, &Request::Lane);
+        {
+            let writer = lock(&self.writer);
+            tlsgate_sys::ipc::send_with_fd(&writer, &frame, &theirs)?;
+        }
+        Ok(ours)
     }
 }
 
@@ -625,6 +641,290 @@ impl KeyBackend for Inner {
             self.event(|e| e.sign_failed(why));
         }
         result
+    }
+
+    fn sign_later(
+        self: Arc<Self>,
+        key_id: u64,
+        scheme: SignatureScheme,
+        message: Vec<u8>,
+    ) -> SignFuture {
+        Box::pin(async move {
+            let lane = lock(&self.current)
+                .clone()
+                .filter(|c| c.alive.load(Ordering::SeqCst) && message.len() <= proto::MAX_MESSAGE)
+                .and_then(|conn| self.async_lane(&conn));
+            let Some(lane) = lane else {
+                // No lane to wait on: the blocking way (which also says why
+                // there is no connection, if there is none).
+                return self.sign(key_id, scheme, &message);
+            };
+            let req = Request::Sign {
+                key_id,
+                scheme,
+                message,
+            };
+            let result = match lane.call(self.id(), &req, self.timeout).await {
+                Ok(Response::Signature(s)) => Ok(s),
+                Ok(_) => Err(KeyUnavailable::Refused),
+                Err(e) => Err(e),
+            };
+            if let Err(why) = result {
+                self.event(|e| e.sign_failed(why));
+            }
+            result
+        })
+    }
+}
+
+/// Signatures waiting on one asynchronous lane before new ones are refused.
+const LANE_MAX_WAITING: usize = 1024;
+/// Requests per packet: their answers (an RSA-4096 signature and its
+/// header, ~530 bytes each) must fit one 64 KiB read on our side.
+const LANE_BATCH: usize = 32;
+
+/// A worker thread's lane for handshakes that wait without blocking it
+/// (`tlsgate_tls::run_signing`). The requests made in one turn of the
+/// thread's runtime leave together in one packet; the key server reads
+/// them in one wake-up and answers them in one packet; a reader task hands
+/// each answer to its handshake. At saturation that is a pair of context
+/// switches per batch of signatures, not per signature.
+struct AsyncLane {
+    /// The connection it was opened over (see [`Lane::conn`]).
+    conn: Weak<Connection>,
+    /// A sequenced-packet socket in tokio's stream type: each read and
+    /// write is one packet.
+    sock: tokio::net::UnixStream,
+    queue: Mutex<LaneQueue>,
+    /// Wakes the lane's sender: requests are queued.
+    queued: Notify,
+}
+
+#[derive(Default)]
+struct LaneQueue {
+    /// Packets not yet sent, each of at most [`LANE_BATCH`] requests.
+    packets: Vec<(Vec<u8>, usize)>,
+    /// A sent packet's buffer, kept for the next.
+    spare: Vec<u8>,
+    waiting: HashMap<u64, oneshot::Sender<Response>>,
+    /// The lane failed or closed: nothing more is sent on it.
+    closed: bool,
+    /// An answer came, so the key server took the lane (it closes those
+    /// over its limit at once, unanswered).
+    answered: bool,
+}
+
+/// A thread's asynchronous lane, if it has one (see [`LaneState`]).
+enum AsyncLaneState {
+    None,
+    Open(Arc<AsyncLane>),
+    Refused(Weak<Connection>),
+}
+
+thread_local! {
+    static ASYNC_LANE: RefCell<AsyncLaneState> = const { RefCell::new(AsyncLaneState::None) };
+}
+
+impl AsyncLane {
+    /// Opens one to `conn` and starts its reader on this thread's runtime.
+    fn open(conn: &Arc<Connection>) -> io::Result<Arc<AsyncLane>> {
+        let sock = conn.lane_socket()?;
+        sock.set_nonblocking(true)?;
+        let lane = Arc::new(AsyncLane {
+            conn: Arc::downgrade(conn),
+            sock: tokio::net::UnixStream::from_std(sock)?,
+            queue: Mutex::new(LaneQueue::default()),
+            queued: Notify::new(),
+        });
+        tokio::spawn(lane.clone().read_answers());
+        tokio::spawn(lane.clone().send_batches());
+        Ok(lane)
+    }
+
+    fn is_closed(&self) -> bool {
+        lock(&self.queue).closed
+    }
+
+    /// Closed by the key server before any answer: over its lane limit.
+    fn refused(&self) -> bool {
+        let q = lock(&self.queue);
+        q.closed && !q.answered
+    }
+
+    /// Sends `req` with the others of this turn and waits up to `timeout`
+    /// for its answer.
+    async fn call(
+        self: &Arc<Self>,
+        id: u64,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, KeyUnavailable> {
+        let rx = {
+            let mut q = lock(&self.queue);
+            if q.closed {
+                return Err(KeyUnavailable::Down);
+            }
+            if q.waiting.len() >= LANE_MAX_WAITING {
+                return Err(KeyUnavailable::Busy);
+            }
+            let first = q.packets.is_empty();
+            match q.packets.last_mut() {
+                Some((buf, n)) if *n < LANE_BATCH => {
+                    proto::encode_request(buf, id, req);
+                    *n += 1;
+                }
+                _ => {
+                    let mut buf = std::mem::take(&mut q.spare);
+                    proto::encode_request(&mut buf, id, req);
+                    q.packets.push((buf, 1));
+                }
+            }
+            let (tx, rx) = oneshot::channel();
+            q.waiting.insert(id, tx);
+            if first {
+                // A task of its own sends the batch, so that a handshake
+                // dropped meanwhile cannot strand the others' requests.
+                self.queued.notify_one();
+            }
+            rx
+        };
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(_)) => Err(KeyUnavailable::Down),
+            Err(_) => {
+                lock(&self.queue).waiting.remove(&id);
+                Err(KeyUnavailable::Timeout)
+            }
+        }
+    }
+
+    /// Sends the queued requests until the lane closes: once woken, it
+    /// lets the other connections of this turn add theirs, then sends
+    /// every queued packet.
+    async fn send_batches(self: Arc<Self>) {
+        loop {
+            self.queued.notified().await;
+            if self.is_closed() {
+                return;
+            }
+            tokio::task::yield_now().await;
+            if !self.send_queued().await {
+                self.fail();
+                return;
+            }
+        }
+    }
+
+    /// Sends every queued packet; `false` when the socket failed.
+    async fn send_queued(&self) -> bool {
+        let packets = std::mem::take(&mut lock(&self.queue).packets);
+        for (mut packet, _) in packets {
+            let sent = loop {
+                if self.sock.writable().await.is_err() {
+                    break false;
+                }
+                match self.sock.try_write(&packet) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    r => break matches!(r, Ok(n) if n == packet.len()),
+                }
+            };
+            if !sent {
+                return false;
+            }
+            packet.clear();
+            lock(&self.queue).spare = packet;
+        }
+        true
+    }
+
+    /// Routes answers to their handshakes until the lane closes.
+    async fn read_answers(self: Arc<Self>) {
+        let mut frames = Deframer::new(proto::MAX_RESPONSE);
+        'reading: loop {
+            if self.sock.readable().await.is_err() {
+                break;
+            }
+            match frames.read_from(&mut TryRead(&self.sock)) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(_) => break,
+            }
+            loop {
+                let frame = match frames.next_frame() {
+                    Ok(Some(f)) => f,
+                    Ok(None) => break,
+                    Err(_) => break 'reading,
+                };
+                let Ok((id, resp)) = proto::decode_response(frame) else {
+                    break 'reading;
+                };
+                let tx = {
+                    let mut q = lock(&self.queue);
+                    q.answered = true;
+                    q.waiting.remove(&id)
+                };
+                // An answer nobody waits for (timed out) is dropped.
+                if let Some(tx) = tx {
+                    let _ = tx.send(resp);
+                }
+            }
+        }
+        self.fail();
+    }
+
+    /// Closes it: the waiting handshakes fail at once (their senders go).
+    fn fail(&self) {
+        {
+            let mut q = lock(&self.queue);
+            q.closed = true;
+            q.packets.clear();
+            q.waiting.clear();
+        }
+        // The sender ends too.
+        self.queued.notify_one();
+    }
+}
+
+/// A tokio socket's non-blocking read as `std::io::Read`, for [`Deframer`].
+struct TryRead<'a>(&'a tokio::net::UnixStream);
+
+impl io::Read for TryRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(buf)
+    }
+}
+
+impl Inner {
+    /// This thread's asynchronous lane to `conn`, opened at its first use;
+    /// `None` outside a tokio runtime or when the key server refused it
+    /// (then the blocking ways serve).
+    fn async_lane(&self, conn: &Arc<Connection>) -> Option<Arc<AsyncLane>> {
+        let same = |w: &Weak<Connection>| std::ptr::eq(w.as_ptr(), Arc::as_ptr(conn));
+        ASYNC_LANE
+            .try_with(|cell| {
+                let mut slot = cell.try_borrow_mut().ok()?;
+                match &*slot {
+                    AsyncLaneState::Open(l) if same(&l.conn) => {
+                        if !l.is_closed() {
+                            return Some(l.clone());
+                        }
+                        if l.refused() {
+                            *slot = AsyncLaneState::Refused(Arc::downgrade(conn));
+                            return None;
+                        }
+                    }
+                    AsyncLaneState::Refused(w) if same(w) => return None,
+                    // None yet, or a lane to an older key server.
+                    _ => {}
+                }
+                tokio::runtime::Handle::try_current().ok()?;
+                let lane = AsyncLane::open(conn).ok()?;
+                *slot = AsyncLaneState::Open(lane.clone());
+                Some(lane)
+            })
+            .ok()
+            .flatten()
     }
 }
 

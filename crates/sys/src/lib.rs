@@ -8,7 +8,9 @@
 //! ([`resident`]'s `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS,
 //! `TCP_DEFER_ACCEPT`), [`ktls`]'s control messages, [`packet`]'s
 //! `AF_PACKET` socket and `BPF_PROG_RUN` call for the SYN flood
-//! generator, [`fileread`]'s reads into spare capacity); everything else
+//! generator, [`fileread`]'s reads into spare capacity, [`suspend`]'s
+//! coroutine handle that is `Send` because it runs only at home and its
+//! pointer to the running call's yielder); everything else
 //! goes through
 //! `socket2`, `rustix` and `nix`, and the workspace's lint denies `unsafe`
 //! in every other module.
@@ -27,6 +29,7 @@ pub mod packet;
 pub mod privileges;
 pub mod resident;
 mod sockopt;
+pub mod suspend;
 
 /// Writes `bufs` to a TCP socket with `MSG_MORE`, without waiting: a
 /// last segment that is not full stays queued until the next write or a

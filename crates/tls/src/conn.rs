@@ -294,7 +294,13 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
         send_now(&sock, &ALERT_UNRECOGNIZED_NAME);
         return Err(HandshakeError::UnrecognizedName(sni));
     };
-    let tls = match accepted.into_connection(config.clone()) {
+    // rustls signs in here: with the keys in the key process, the
+    // handshake waits for its signature without blocking the worker.
+    let for_rustls = config.clone();
+    let made = crate::remote::run_signing(move || accepted.into_connection(for_rustls))
+        .await
+        .map_err(io::Error::other)?;
+    let tls = match made {
         Ok(c) => c,
         Err((e, mut alert)) => {
             let _ = alert.write(&mut SyncIo(&sock));

@@ -25,6 +25,9 @@ pub use conn::{accept, TlsConnection};
 pub use context::{ContextError, TlsContext};
 pub use error::{CertError, HandshakeError};
 pub use offload::OffloadError;
-pub use remote::{KeyBackend, KeyInfo, KeyUnavailable, RemoteKey};
+pub use remote::{
+    run_signing, KeyBackend, KeyInfo, KeyUnavailable, MovedThread, RemoteKey, SignFuture,
+    SignResult,
+};
 pub use rustls;
 pub use tickets::{TicketKeyError, TicketKeys, TicketObserver};

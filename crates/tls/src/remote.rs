@@ -7,7 +7,11 @@
 //! is counted under the handshake failure reason `key_unavailable`.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+
+use tlsgate_sys::suspend::{self, Answer, Step, Suspendable};
 
 use rustls::pki_types::SubjectPublicKeyInfoDer;
 use rustls::sign::{Signer, SigningKey};
@@ -125,16 +129,79 @@ impl KeyUnavailable {
     }
 }
 
+/// A signature, or why there is none.
+pub type SignResult = Result<Vec<u8>, KeyUnavailable>;
+
+/// A signature on its way (see [`KeyBackend::sign_later`]).
+pub type SignFuture = Pin<Box<dyn Future<Output = SignResult> + Send>>;
+
 /// Whatever forwards signatures to the key holder.
 pub trait KeyBackend: Send + Sync + fmt::Debug {
     /// Signs `message` with key `key_id` using `scheme`; blocks the calling
     /// thread until the answer or the backend's timeout.
-    fn sign(
-        &self,
+    fn sign(&self, key_id: u64, scheme: SignatureScheme, message: &[u8]) -> SignResult;
+
+    /// The same without blocking the thread: what a handshake run by
+    /// [`run_signing`] awaits while its worker serves other connections.
+    /// By default it signs at once, blocking.
+    fn sign_later(
+        self: Arc<Self>,
         key_id: u64,
         scheme: SignatureScheme,
-        message: &[u8],
-    ) -> Result<Vec<u8>, KeyUnavailable>;
+        message: Vec<u8>,
+    ) -> SignFuture {
+        Box::pin(std::future::ready(self.sign(key_id, scheme, &message)))
+    }
+}
+
+/// What a [`RemoteSigner`] asks for from inside a suspended handshake.
+struct SignRequest {
+    backend: Arc<dyn KeyBackend>,
+    key_id: u64,
+    scheme: SignatureScheme,
+    message: Vec<u8>,
+}
+
+/// The call moved to another thread before it finished (tokio's
+/// current-thread workers never move a task, so this does not happen).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("a suspended handshake was resumed on another thread")]
+pub struct MovedThread;
+
+/// Runs `call` (rustls' processing of a ClientHello) so that each remote
+/// signature inside it is awaited through [`KeyBackend::sign_later`]
+/// instead of blocking the thread. Without a stack for it (too many
+/// suspended on this thread), `call` runs directly and signs blocking.
+pub async fn run_signing<R, F>(call: F) -> Result<R, MovedThread>
+where
+    R: Send + 'static,
+    F: FnOnce() -> R + 'static,
+{
+    let mut call = match Suspendable::start(call) {
+        Ok(c) => c,
+        Err(call) => return Ok(call()),
+    };
+    let mut answer: Option<Answer> = None;
+    loop {
+        match call.resume(answer.take()).ok_or(MovedThread)? {
+            Step::Done(r) => return Ok(r),
+            Step::Asked(question) => {
+                let signed: SignResult = match question.downcast::<SignRequest>() {
+                    Ok(req) => {
+                        let SignRequest {
+                            backend,
+                            key_id,
+                            scheme,
+                            message,
+                        } = *req;
+                        backend.sign_later(key_id, scheme, message).await
+                    }
+                    Err(_) => Err(KeyUnavailable::Refused),
+                };
+                answer = Some(Box::new(signed));
+            }
+        }
+    }
 }
 
 /// A signing key held by a [`KeyBackend`].
@@ -184,9 +251,22 @@ struct RemoteSigner {
 
 impl Signer for RemoteSigner {
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
-        self.backend
-            .sign(self.key_id, self.scheme, message)
-            .map_err(|e| rustls::Error::Other(rustls::OtherError(Arc::new(e))))
+        let request = SignRequest {
+            backend: self.backend.clone(),
+            key_id: self.key_id,
+            scheme: self.scheme,
+            message: message.to_vec(),
+        };
+        // Inside `run_signing` the handshake waits for the answer there;
+        // anywhere else (a second ClientHello after a retry request) this
+        // thread waits.
+        let signed = match suspend::ask(Box::new(request)) {
+            Ok(answer) => answer
+                .downcast::<SignResult>()
+                .map_or(Err(KeyUnavailable::Refused), |r| *r),
+            Err(_) => self.backend.sign(self.key_id, self.scheme, message),
+        };
+        signed.map_err(|e| rustls::Error::Other(rustls::OtherError(Arc::new(e))))
     }
 
     fn scheme(&self) -> SignatureScheme {

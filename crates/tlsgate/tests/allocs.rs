@@ -34,6 +34,11 @@ use std::time::{Duration, Instant};
 
 use common::{client_config, make_cert, tls_connect_shared, TlsStream};
 
+// Measured 2026-11-27: 149.0, 158.0, 113.0 and 6.0. A signature no longer
+// blocks the worker (`tlsgate_tls::run_signing`): the suspended call's box
+// (every handshake, resumed ones too), the question, the answer, the
+// awaited future, its channel and the copied message are six more per
+// signing handshake.
 // Measured 2026-11-26: 143.0, 157.0, 107.0 and 6.0 (small files' bytes
 // kept by the open-file cache). The keep-alive limit is the figure
 // itself: one more allocation there is a sixth more per request.
@@ -48,11 +53,11 @@ use common::{client_config, make_cert, tls_connect_shared, TlsStream};
 
 /// Server allocations per full TLS 1.3 handshake (ECDSA, X25519) with one
 /// 1 KiB GET and `Connection: close`.
-const LIMIT_FULL_TLS13: f64 = 145.0;
+const LIMIT_FULL_TLS13: f64 = 151.0;
 /// The same, resumed with a TLS 1.3 ticket.
-const LIMIT_RESUMED_TLS13: f64 = 159.0;
+const LIMIT_RESUMED_TLS13: f64 = 160.0;
 /// A full TLS 1.2 handshake (ECDHE-ECDSA) with the same GET.
-const LIMIT_FULL_TLS12: f64 = 109.0;
+const LIMIT_FULL_TLS12: f64 = 115.0;
 /// One 1 KiB GET on a keep-alive connection.
 const LIMIT_KEEPALIVE_1K: f64 = 6.0;
 

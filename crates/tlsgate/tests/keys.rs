@@ -423,6 +423,64 @@ fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
 
+/// A handshake waiting for its signature does not hold up its worker: with
+/// the key server stopped, a full handshake waits for the key process, and
+/// meanwhile a keep-alive connection on the same (only) worker is answered
+/// at once. Signing used to block the worker's thread until the answer.
+#[test]
+fn a_handshake_waiting_for_its_signature_does_not_hold_up_the_worker() {
+    let fx = Fixture::new();
+    let top = "[server]\nworkers = 1\nkey_timeout = \"20s\"\n";
+    let server = Server::start(&fx, &fx.config(top, ""));
+    let get = "GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let answer = |s: &mut TlsStream| -> Result<(), String> {
+        s.write_all(get.as_bytes()).map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(HELLO.as_bytes()) {
+            match s.read(&mut buf) {
+                Ok(0) => return Err("closed".into()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    };
+    let mut kept = tls_connect(server.addr);
+    answer(&mut kept).unwrap();
+    let (_, ks) = key_processes(&server);
+    let sig = |s: &str| {
+        assert!(Command::new("kill")
+            .args([s, &ks.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    sig("-STOP");
+    let addr = server.addr;
+    let waiting = std::thread::spawn(move || fetch(addr, "localhost", &rustls::version::TLS13));
+    // Time for its ClientHello to reach the worker and ask for a signature.
+    std::thread::sleep(Duration::from_millis(500));
+    kept.sock
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let t0 = Instant::now();
+    let served = answer(&mut kept);
+    let took = t0.elapsed();
+    let still_waiting = !waiting.is_finished();
+    sig("-CONT");
+    served.unwrap_or_else(|e| {
+        panic!("the kept connection was not answered while a signature was awaited: {e}")
+    });
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    assert!(
+        still_waiting,
+        "the handshake did not wait for the stopped key server"
+    );
+    waiting.join().unwrap().unwrap();
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+}
+
 #[test]
 fn the_self_signed_default_is_made_by_the_key_server_and_remade_after_a_restart() {
     let fx = Fixture::new();
