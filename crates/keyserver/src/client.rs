@@ -706,6 +706,10 @@ struct LaneQueue {
     packets: Vec<(Vec<u8>, usize)>,
     /// A sent packet's buffer, kept for the next.
     spare: Vec<u8>,
+    /// Requests sent and not answered yet: at zero no answer can be on
+    /// its way, so the reader waits for epoll instead of trying a read
+    /// that would fail with `EAGAIN` (a packet read is short either way).
+    in_flight: usize,
     waiting: HashMap<u64, oneshot::Sender<Response>>,
     /// The lane failed or closed: nothing more is sent on it.
     closed: bool,
@@ -788,13 +792,13 @@ impl AsyncLane {
             }
             rx
         };
+        // A handshake dropped while it waits (its own timeout, a closed
+        // connection) takes its entry with it.
+        let _entry = WaitingEntry { lane: self, id };
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(_)) => Err(KeyUnavailable::Down),
-            Err(_) => {
-                lock(&self.queue).waiting.remove(&id);
-                Err(KeyUnavailable::Timeout)
-            }
+            Err(_) => Err(KeyUnavailable::Timeout),
         }
     }
 
@@ -818,7 +822,7 @@ impl AsyncLane {
     /// Sends every queued packet; `false` when the socket failed.
     async fn send_queued(&self) -> bool {
         let packets = std::mem::take(&mut lock(&self.queue).packets);
-        for (mut packet, _) in packets {
+        for (mut packet, requests) in packets {
             let sent = loop {
                 if self.sock.writable().await.is_err() {
                     break false;
@@ -832,7 +836,9 @@ impl AsyncLane {
                 return false;
             }
             packet.clear();
-            lock(&self.queue).spare = packet;
+            let mut q = lock(&self.queue);
+            q.in_flight += requests;
+            q.spare = packet;
         }
         true
     }
@@ -840,37 +846,57 @@ impl AsyncLane {
     /// Routes answers to their handshakes until the lane closes.
     async fn read_answers(self: Arc<Self>) {
         let mut frames = Deframer::new(proto::MAX_RESPONSE);
-        'reading: loop {
+        loop {
             if self.sock.readable().await.is_err() {
                 break;
             }
-            match frames.read_from(&mut TryRead(&self.sock)) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(_) => break,
-            }
-            loop {
-                let frame = match frames.next_frame() {
-                    Ok(Some(f)) => f,
-                    Ok(None) => break,
-                    Err(_) => break 'reading,
-                };
-                let Ok((id, resp)) = proto::decode_response(frame) else {
-                    break 'reading;
-                };
-                let tx = {
-                    let mut q = lock(&self.queue);
-                    q.answered = true;
-                    q.waiting.remove(&id)
-                };
-                // An answer nobody waits for (timed out) is dropped.
-                if let Some(tx) = tx {
-                    let _ = tx.send(resp);
+            let mut routed = None;
+            let read = self.sock.try_io(tokio::io::Interest::READABLE, || {
+                let n = frames.read_from(&mut TryRead(&self.sock))?;
+                if n > 0 {
+                    let r = self.route(&mut frames);
+                    routed = Some(r);
+                    if r == Ok(true) {
+                        // Makes `try_io` clear the readiness this read
+                        // consumed (its event tick keeps a packet that
+                        // came meanwhile from being missed).
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
                 }
+                Ok(n)
+            });
+            match (read, routed) {
+                (_, Some(Ok(_))) => {}
+                (_, Some(Err(()))) | (Ok(0), None) => break,
+                (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => {}
+                (_, None) => break,
             }
         }
         self.fail();
+    }
+
+    /// Hands the answers read to their handshakes; `Ok(true)` when every
+    /// request sent is answered, `Err` on a broken answer.
+    fn route(&self, frames: &mut Deframer) -> Result<bool, ()> {
+        loop {
+            let frame = match frames.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(_) => return Err(()),
+            };
+            let (id, resp) = proto::decode_response(frame).map_err(|_| ())?;
+            let tx = {
+                let mut q = lock(&self.queue);
+                q.answered = true;
+                q.in_flight = q.in_flight.saturating_sub(1);
+                q.waiting.remove(&id)
+            };
+            // An answer nobody waits for (timed out) is dropped.
+            if let Some(tx) = tx {
+                let _ = tx.send(resp);
+            }
+        }
+        Ok(lock(&self.queue).in_flight == 0)
     }
 
     /// Closes it: the waiting handshakes fail at once (their senders go).
@@ -883,6 +909,19 @@ impl AsyncLane {
         }
         // The sender ends too.
         self.queued.notify_one();
+    }
+}
+
+/// Removes a request's entry from its lane's waiting list when its
+/// handshake stops waiting, answered or not.
+struct WaitingEntry<'a> {
+    lane: &'a AsyncLane,
+    id: u64,
+}
+
+impl Drop for WaitingEntry<'_> {
+    fn drop(&mut self) {
+        lock(&self.lane.queue).waiting.remove(&self.id);
     }
 }
 
@@ -1002,5 +1041,114 @@ mod tests {
         // Our side was closed too, so the key server would see EOF.
         let mut rest = Vec::new();
         b.read_to_end(&mut rest).unwrap();
+    }
+
+    /// A connection whose reader runs, and the key server's end of it.
+    fn connected() -> (Arc<Connection>, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        conn.start_reader(|_| {}).unwrap();
+        (conn, b)
+    }
+
+    /// A worker's kind of runtime.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A key server's lane for the test: takes the lane handed over `b`,
+    /// then answers each packet it reads in one packet, in reverse order,
+    /// reporting how many requests each packet held.
+    fn fake_lane_server(b: UnixStream, sizes: std::sync::mpsc::Sender<usize>) {
+        std::thread::spawn(move || {
+            let mut fds = Vec::new();
+            let mut buf = [0u8; 64];
+            while fds.is_empty() {
+                tlsgate_sys::ipc::recv_with_fds(&b, &mut buf, &mut fds).unwrap();
+            }
+            let mut lane = UnixStream::from(fds.remove(0));
+            let mut d = Deframer::new(proto::MAX_REQUEST);
+            while d.read_from(&mut lane).unwrap() > 0 {
+                let mut ids = Vec::new();
+                while let Some(f) = d.next_frame().unwrap() {
+                    ids.push(proto::decode_request(f).unwrap().0);
+                }
+                sizes.send(ids.len()).unwrap();
+                let mut out = Vec::new();
+                for id in ids.iter().rev() {
+                    proto::encode_response(&mut out, *id, &Response::Signature(vec![*id as u8; 4]));
+                }
+                lane.write_all(&out).unwrap();
+            }
+        });
+    }
+
+    #[test]
+    fn one_turns_requests_leave_in_one_packet_and_answers_reach_their_waiters() {
+        let (conn, b) = connected();
+        let (tx, sizes) = std::sync::mpsc::channel();
+        fake_lane_server(b, tx);
+        let rt = runtime();
+        rt.block_on(async {
+            let lane = AsyncLane::open(&conn).unwrap();
+            let calls: Vec<_> = (1..=5u64)
+                .map(|id| {
+                    let lane = lane.clone();
+                    tokio::spawn(
+                        async move { lane.call(id, &sign(), Duration::from_secs(5)).await },
+                    )
+                })
+                .collect();
+            for (i, c) in calls.into_iter().enumerate() {
+                let id = i as u8 + 1;
+                assert_eq!(c.await.unwrap().unwrap(), Response::Signature(vec![id; 4]));
+            }
+            assert!(lock(&lane.queue).waiting.is_empty());
+            // A request alone in its turn goes alone.
+            assert_eq!(
+                lane.call(9, &sign(), Duration::from_secs(5)).await.unwrap(),
+                Response::Signature(vec![9; 4])
+            );
+        });
+        assert_eq!(sizes.try_iter().collect::<Vec<_>>(), [5, 1]);
+    }
+
+    #[test]
+    fn a_dropped_waiter_leaves_no_entry_and_a_closed_lane_fails_its_waiters() {
+        let (conn, b) = connected();
+        let rt = runtime();
+        rt.block_on(async {
+            let lane = AsyncLane::open(&conn).unwrap();
+            let mut theirs = Vec::new();
+            tlsgate_sys::ipc::recv_with_fds(&b, &mut [0u8; 64], &mut theirs).unwrap();
+            // Nobody answers: a waiter given up on takes its entry along.
+            let gave_up = tokio::time::timeout(
+                Duration::from_millis(50),
+                lane.call(1, &sign(), Duration::from_secs(5)),
+            )
+            .await;
+            assert!(gave_up.is_err());
+            assert!(lock(&lane.queue).waiting.is_empty());
+            // The key server closes the lane: a waiting request fails at once.
+            let waiting = tokio::spawn({
+                let lane = lane.clone();
+                async move { lane.call(2, &sign(), Duration::from_secs(30)).await }
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(theirs);
+            let t0 = Instant::now();
+            assert_eq!(waiting.await.unwrap(), Err(KeyUnavailable::Down));
+            assert!(t0.elapsed() < Duration::from_secs(5));
+            // Closed without a single answer: what a key server over its
+            // lane limit does, so this thread signs the blocking way.
+            assert!(lane.refused());
+            assert_eq!(
+                lane.call(3, &sign(), Duration::from_secs(1)).await,
+                Err(KeyUnavailable::Down)
+            );
+        });
     }
 }
