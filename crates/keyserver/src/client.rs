@@ -772,26 +772,69 @@ impl AsyncLane {
                 return Err(KeyUnavailable::Busy);
             }
             let first = q.packets.is_empty();
-            match q.packets.last_mut() {
-                Some((buf, n)) if *n < LANE_BATCH => {
-                    proto::encode_request(buf, id, req);
-                    *n += 1;
-                }
-                _ => {
-                    let mut buf = std::mem::take(&mut q.spare);
-                    proto::encode_request(&mut buf, id, req);
-                    q.packets.push((buf, 1));
-                }
-            }
             let (tx, rx) = oneshot::channel();
-            q.waiting.insert(id, tx);
-            if first {
-                // A task of its own sends the batch, so that a handshake
-                // dropped meanwhile cannot strand the others' requests.
-                self.queued.notify_one();
+            if first && q.in_flight == 0 {
+                // The key server has nothing of ours to sign: nothing to
+                // batch with, so the request leaves now (an idle server's
+                // handshake would otherwise wait a turn).
+                let mut buf = std::mem::take(&mut q.spare);
+                proto::encode_request(&mut buf, id, req);
+                if matches!(self.sock.try_write(&buf), Ok(n) if n == buf.len()) {
+                    buf.clear();
+                    q.spare = buf;
+                    q.in_flight += 1;
+                } else {
+                    // Full socket or an error: the sender tries (and fails
+                    // the lane if it must).
+                    q.packets.push((buf, 1));
+                    self.queued.notify_one();
+                }
+                q.waiting.insert(id, tx);
+                rx
+            } else {
+                self.queue_request(&mut q, id, req, tx);
+                rx
             }
-            rx
         };
+        self.wait(rx, id, timeout).await
+    }
+
+    /// Adds a request to the packet being filled; the first of a batch
+    /// wakes the sender.
+    fn queue_request(
+        &self,
+        q: &mut LaneQueue,
+        id: u64,
+        req: &Request,
+        tx: oneshot::Sender<Response>,
+    ) {
+        let first = q.packets.is_empty();
+        match q.packets.last_mut() {
+            Some((buf, n)) if *n < LANE_BATCH => {
+                proto::encode_request(buf, id, req);
+                *n += 1;
+            }
+            _ => {
+                let mut buf = std::mem::take(&mut q.spare);
+                proto::encode_request(&mut buf, id, req);
+                q.packets.push((buf, 1));
+            }
+        }
+        q.waiting.insert(id, tx);
+        if first {
+            // A task of its own sends the batch, so that a handshake
+            // dropped meanwhile cannot strand the others' requests.
+            self.queued.notify_one();
+        }
+    }
+
+    /// Waits up to `timeout` for the answer to request `id`.
+    async fn wait(
+        &self,
+        rx: oneshot::Receiver<Response>,
+        id: u64,
+        timeout: Duration,
+    ) -> Result<Response, KeyUnavailable> {
         // A handshake dropped while it waits (its own timeout, a closed
         // connection) takes its entry with it.
         let _entry = WaitingEntry { lane: self, id };
@@ -1087,13 +1130,19 @@ mod tests {
     }
 
     #[test]
-    fn one_turns_requests_leave_in_one_packet_and_answers_reach_their_waiters() {
+    fn requests_of_one_turn_share_a_packet_and_answers_reach_their_waiters() {
         let (conn, b) = connected();
         let (tx, sizes) = std::sync::mpsc::channel();
         fake_lane_server(b, tx);
         let rt = runtime();
         rt.block_on(async {
             let lane = AsyncLane::open(&conn).unwrap();
+            // A fresh socket is not known writable before epoll says so:
+            // the first request goes through the sender.
+            assert_eq!(
+                lane.call(7, &sign(), Duration::from_secs(5)).await.unwrap(),
+                Response::Signature(vec![7; 4])
+            );
             let calls: Vec<_> = (1..=5u64)
                 .map(|id| {
                     let lane = lane.clone();
@@ -1107,13 +1156,15 @@ mod tests {
                 assert_eq!(c.await.unwrap().unwrap(), Response::Signature(vec![id; 4]));
             }
             assert!(lock(&lane.queue).waiting.is_empty());
-            // A request alone in its turn goes alone.
+            // A request alone goes at once.
             assert_eq!(
                 lane.call(9, &sign(), Duration::from_secs(5)).await.unwrap(),
                 Response::Signature(vec![9; 4])
             );
         });
-        assert_eq!(sizes.try_iter().collect::<Vec<_>>(), [5, 1]);
+        // The first went at once (the key server had nothing of ours),
+        // the four asked meanwhile together; the last alone again.
+        assert_eq!(sizes.try_iter().collect::<Vec<_>>(), [1, 1, 4, 1]);
     }
 
     #[test]

@@ -34,11 +34,11 @@ use std::time::{Duration, Instant};
 
 use common::{client_config, make_cert, tls_connect_shared, TlsStream};
 
-// Measured 2026-11-27: 149.0, 158.0, 113.0 and 6.0. A signature no longer
+// Measured 2026-11-27: 148.0, 158.0, 112.0 and 6.0. A signature no longer
 // blocks the worker (`tlsgate_tls::run_signing`): the suspended call's box
 // (every handshake, resumed ones too), the question, the answer, the
-// awaited future, its channel and the copied message are six more per
-// signing handshake.
+// awaited future, its channel and the copied message are five or six more
+// per signing handshake.
 // Measured 2026-11-26: 143.0, 157.0, 107.0 and 6.0 (small files' bytes
 // kept by the open-file cache). The keep-alive limit is the figure
 // itself: one more allocation there is a sixth more per request.
