@@ -758,7 +758,7 @@ impl AsyncLane {
     /// Sends `req` with the others of this turn and waits up to `timeout`
     /// for its answer.
     async fn call(
-        self: &Arc<Self>,
+        &self,
         id: u64,
         req: &Request,
         timeout: Duration,
@@ -771,43 +771,38 @@ impl AsyncLane {
             if q.waiting.len() >= LANE_MAX_WAITING {
                 return Err(KeyUnavailable::Busy);
             }
-            let first = q.packets.is_empty();
             let (tx, rx) = oneshot::channel();
-            if first && q.in_flight == 0 {
-                // The key server has nothing of ours to sign: nothing to
-                // batch with, so the request leaves now (an idle server's
-                // handshake would otherwise wait a turn).
-                let mut buf = std::mem::take(&mut q.spare);
-                proto::encode_request(&mut buf, id, req);
-                if matches!(self.sock.try_write(&buf), Ok(n) if n == buf.len()) {
-                    buf.clear();
-                    q.spare = buf;
-                    q.in_flight += 1;
-                } else {
-                    // Full socket or an error: the sender tries (and fails
-                    // the lane if it must).
-                    q.packets.push((buf, 1));
-                    self.queued.notify_one();
-                }
-                q.waiting.insert(id, tx);
-                rx
-            } else {
-                self.queue_request(&mut q, id, req, tx);
-                rx
+            q.waiting.insert(id, tx);
+            // With nothing of ours at the key server there is no batch to
+            // join: the request leaves now (an idle server's handshake
+            // would otherwise wait a turn).
+            let idle = q.packets.is_empty() && q.in_flight == 0;
+            if !(idle && self.send_now(&mut q, id, req)) {
+                self.queue_request(&mut q, id, req);
             }
+            rx
         };
         self.wait(rx, id, timeout).await
     }
 
+    /// Writes one request at once; `false` when the socket takes it not
+    /// whole (full, not yet known writable, failed): then it is queued
+    /// and the sender tries (and fails the lane if it must).
+    fn send_now(&self, q: &mut LaneQueue, id: u64, req: &Request) -> bool {
+        let mut buf = std::mem::take(&mut q.spare);
+        proto::encode_request(&mut buf, id, req);
+        let sent = matches!(self.sock.try_write(&buf), Ok(n) if n == buf.len());
+        if sent {
+            q.in_flight += 1;
+        }
+        buf.clear();
+        q.spare = buf;
+        sent
+    }
+
     /// Adds a request to the packet being filled; the first of a batch
     /// wakes the sender.
-    fn queue_request(
-        &self,
-        q: &mut LaneQueue,
-        id: u64,
-        req: &Request,
-        tx: oneshot::Sender<Response>,
-    ) {
+    fn queue_request(&self, q: &mut LaneQueue, id: u64, req: &Request) {
         let first = q.packets.is_empty();
         match q.packets.last_mut() {
             Some((buf, n)) if *n < LANE_BATCH => {
@@ -820,7 +815,6 @@ impl AsyncLane {
                 q.packets.push((buf, 1));
             }
         }
-        q.waiting.insert(id, tx);
         if first {
             // A task of its own sends the batch, so that a handshake
             // dropped meanwhile cannot strand the others' requests.
