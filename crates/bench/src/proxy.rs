@@ -277,6 +277,8 @@ pub fn run(
                         connections: opts.proxy_connections,
                         window: opts.window(),
                         cores: opts.placement.client_cores.clone(),
+                        per_second: None,
+                        busy_poll: false,
                     }),
                     Load::NewConnection => Job::Handshake(HandshakeJob {
                         addr: t.addr(),

@@ -400,13 +400,12 @@ impl Results {
         if !self.crosschecks.is_empty() {
             let _ = writeln!(
                 out,
-                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own generator driving the same target at the same load right after (s_time's rate, open loop, polling as s_time's processes keep the core busy; wrk's connections). CPU per operation depends on load: s_time keeps a server partly idle, so the bench's saturated figure (last column, from this run's handshake or transfer scenario) is not the one to compare with. So does whether the server's replies find the client running or must wake it: the generator core's busy share is shown for both.\n\n| target | case | tool | ops/s | server CPU µs/op | bench at the same load | bench CPU µs/op | tool ÷ bench | generator core busy, tool / bench | bench saturated µs/op |\n|---|---|---|---:|---:|---|---:|---:|---:|---:|"
+                "\n## Cross-check: the field's tools against the same targets\n\nServer CPU per operation while `openssl s_time` or `wrk` (pinned to the generator's core) drove the target, next to the bench's own generator driving the same target at the same load right after (s_time's rate, open loop, polling as s_time's processes keep the core busy; wrk's connections). CPU per operation depends on load: s_time keeps a server partly idle, so the bench's saturated figure (last column, from this run's handshake or transfer scenario) is not the one to compare with. So does whether the server's replies find the client running or must wake it: the generator core's busy share is shown for both. Every figure is the median of the rounds (the targets take turns in each round); one 3 s round moves by ±20 % on a shared machine.\n\n| target | case | tool | rounds | ops/s, tool / bench | server CPU µs/op | bench at the same load | bench CPU µs/op | tool ÷ bench | generator core busy, tool / bench | bench saturated µs/op |\n|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"
             );
             for c in &self.crosschecks {
-                let ratio = if c.bench_cpu_us_per_op > 0.0 {
-                    format!("{:.2}", c.server_cpu_us_per_op / c.bench_cpu_us_per_op)
-                } else {
-                    "–".into()
+                let ratio = match c.paired_ratio_tool_to_bench() {
+                    Some(r) => format!("{r:.2}"),
+                    None => "–".into(),
                 };
                 let saturated = if c.bench_saturated_cpu_us_per_op > 0.0 {
                     format!("{:.1}", c.bench_saturated_cpu_us_per_op)
@@ -415,11 +414,13 @@ impl Results {
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | `{}` | {:.0} | {:.1} | {} | {:.1} | {ratio} | {:.0} % / {:.0} % | {saturated} |",
+                    "| {} | {} | `{}` | {} | {:.0} / {:.0} | {:.1} | {} | {:.1} | {ratio} | {:.0} % / {:.0} % | {saturated} |",
                     c.target,
                     c.case,
                     c.tool,
+                    c.rounds.len().max(1),
                     c.operations as f64 / c.secs.max(1e-9),
+                    c.bench_ops_per_sec,
                     c.server_cpu_us_per_op,
                     c.bench_load,
                     c.bench_cpu_us_per_op,
@@ -526,9 +527,9 @@ impl Results {
                 .iter()
                 .filter(measured)
                 .find(|c| c.target == TargetKind::Nginx && c.case == t.case);
-            if let Some(n) = nginx {
-                let tool = t.server_cpu_us_per_op / n.server_cpu_us_per_op;
-                let bench = t.bench_cpu_us_per_op / n.bench_cpu_us_per_op;
+            let paired =
+                nginx.and_then(|n| Some((t.paired_ratio(n, true)?, t.paired_ratio(n, false)?)));
+            if let Some((tool, bench)) = paired {
                 rows.push((t.case.clone(), t.tool.clone(), tool, bench));
             }
         }
@@ -537,7 +538,7 @@ impl Results {
         }
         let _ = writeln!(
             out,
-            "\nDo the tools and the bench agree? tlsgate ÷ nginx server CPU per operation by each, at the same load; they agree when the two ratios are within {:.0} % of each other.\n\n| case | tool | tlsgate ÷ nginx, tool | tlsgate ÷ nginx, bench | tool ÷ bench | agree |\n|---|---|---:|---:|---:|---|",
+            "\nDo the tools and the bench agree? tlsgate ÷ nginx server CPU per operation by each, at the same load (the median of each round's pair); they agree when the two ratios are within {:.0} % of each other.\n\n| case | tool | tlsgate ÷ nginx, tool | tlsgate ÷ nginx, bench | tool ÷ bench | agree |\n|---|---|---:|---:|---:|---|",
             AGREEMENT * 100.0
         );
         for (case, tool, by_tool, by_bench) in rows {
@@ -603,12 +604,12 @@ impl Results {
             cross(TargetKind::Tlsgate),
             cross(TargetKind::TlsgateKeysInProcess),
         ) {
-            // Both measures of s_time's load: one 3 s run of each moves
-            // by ±15 % here.
-            if let Some(c) = excess(iso.server_cpu_us_per_op, inproc.server_cpu_us_per_op) {
+            // Both measures of s_time's load, each round's pair (one 3 s
+            // run of each moves by ±15 % here).
+            if let Some(c) = iso.paired_ratio(inproc, true).map(|r| r - 1.0) {
                 rows.push((format!("{}, `{}`", iso.case, iso.tool), c, ISOLATION_IDLE));
             }
-            if let Some(c) = excess(iso.bench_cpu_us_per_op, inproc.bench_cpu_us_per_op) {
+            if let Some(c) = iso.paired_ratio(inproc, false).map(|r| r - 1.0) {
                 let case = format!("{}, bench generator at s_time's rate", iso.case);
                 rows.push((case, c, ISOLATION_IDLE));
             }
@@ -1223,6 +1224,8 @@ mod tests {
             bench_saturated_cpu_us_per_op: 0.0,
             tool_generator_busy: 1.0,
             bench_generator_busy: 1.0,
+            bench_ops_per_sec: 1000.0,
+            rounds: Vec::new(),
         }
     }
 

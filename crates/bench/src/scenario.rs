@@ -427,6 +427,8 @@ fn transfer(
                 connections: opts.transfer_connections,
                 window: opts.window(),
                 cores: opts.placement.client_cores.clone(),
+                per_second: None,
+                busy_poll: false,
             })
         },
         results,

@@ -748,6 +748,8 @@ fn run_cell(
             connections: 4,
             window: transfer_window,
             cores: vec![Some(o.client_core)],
+            per_second: None,
+            busy_poll: false,
         },
         &(),
     )

@@ -30,6 +30,14 @@ pub struct TransferJob {
     pub window: Window,
     /// One generator thread per entry, pinned to the core it names.
     pub cores: Vec<Option<usize>>,
+    /// Requests per second over all connections, each connection taking
+    /// an equal share (`None`: a connection asks again as soon as it is
+    /// answered). A connection that falls behind does not catch up in a
+    /// burst: its rate is then what the server gives it.
+    pub per_second: Option<f64>,
+    /// Generator threads poll instead of sleeping between requests (see
+    /// [`crate::HandshakeJob::busy_poll`]).
+    pub busy_poll: bool,
 }
 
 /// After a failed connection, wait this long before the next one.
@@ -41,6 +49,14 @@ pub fn run_transfer(job: &TransferJob, observer: &dyn Observer) -> Result<Report
         return Err(LoadError::Job("connections must be at least 1".into()));
     }
     let per_thread = job.connections.div_ceil(job.cores.len().max(1));
+    // Each connection's interval between requests.
+    let period = match job.per_second {
+        None => None,
+        Some(r) if r.is_finite() && r > 0.0 => Some(Duration::from_secs_f64(
+            (per_thread * job.cores.len().max(1)) as f64 / r,
+        )),
+        Some(_) => return Err(LoadError::Job("rate must be positive".into())),
+    };
     let request = get_request(&job.path, &job.server_name, false);
     let report = engine::run(&job.cores, job.window, observer, |_, clock| {
         let request = request.clone();
@@ -50,15 +66,33 @@ pub fn run_transfer(job: &TransferJob, observer: &dyn Observer) -> Result<Report
                 Err(t) => return *t,
             };
             let tally = Rc::new(RefCell::new(Tally::new()));
+            if job.busy_poll {
+                // Ready again at once: the runtime polls its sockets
+                // without blocking, and the thread never sleeps.
+                tokio::task::spawn_local(async move {
+                    while !clock.over() {
+                        tokio::task::yield_now().await;
+                    }
+                });
+            }
             let mut tasks = Vec::new();
-            for _ in 0..per_thread {
+            for i in 0..per_thread {
                 let (dialer, tally, request) = (dialer.clone(), tally.clone(), request.clone());
+                // Connections start a share of the interval apart, so that
+                // paced requests arrive spread out, not all at each tick.
+                let mut next =
+                    period.map(|p| Instant::now() + p.mul_f64(i as f64 / per_thread as f64));
                 tasks.push(tokio::task::spawn_local(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     while !clock.over() {
                         let session = async {
                             let mut tls = dialer.connect(&clock, &tally).await?;
                             loop {
+                                if let (Some(at), Some(p)) = (next.as_mut(), period) {
+                                    tokio::time::sleep_until((*at).into()).await;
+                                    let late = Instant::now().checked_sub(p).unwrap_or(*at);
+                                    *at = (*at).max(late) + p;
+                                }
                                 keepalive_request(&mut tls, &request, &mut buf, &clock, &tally)
                                     .await?;
                             }

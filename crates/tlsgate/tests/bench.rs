@@ -217,6 +217,21 @@ fn quick_bench_measures_every_scenario_on_every_target() {
         assert!(c["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{c}");
         // ... and the bench's generator at the same load, right after.
         assert!(c["bench_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{c}");
+        // One round in a quick run; its figures are the check's.
+        let rounds = c["rounds"].as_array().unwrap();
+        assert_eq!(rounds.len(), 1, "{c}");
+        assert_eq!(
+            rounds[0]["tool_cpu_us_per_op"], c["server_cpu_us_per_op"],
+            "{c}"
+        );
+        // The bench's generator ran at the tool's rate, not above it (left
+        // to itself, it asked 20–35 % more of the server than wrk).
+        let tool_rate = c["operations"].as_f64().unwrap() / c["secs"].as_f64().unwrap();
+        let bench_rate = c["bench_ops_per_sec"].as_f64().unwrap();
+        assert!(
+            bench_rate > 0.0 && bench_rate <= tool_rate * 1.15,
+            "tool {tool_rate:.0}/s, bench {bench_rate:.0}/s: {c}"
+        );
         // Both kept the generator's core somewhat busy; it is pinned, and
         // so measured, on machines of two or more cores.
         if pinned {
