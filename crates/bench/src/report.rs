@@ -447,6 +447,38 @@ impl Results {
         }
     }
 
+    /// tlsgate ÷ nginx by `f` of their cells, the median of each repeat's
+    /// pair: a repeat runs every target's cell within seconds, while the
+    /// machine's speed drifts between repeats, and the ratio of the two
+    /// medians can pair a fast repeat of one with a slow one of the other
+    /// (keep-alive 1 KiB, 2026-11-27 12:14: pairs 1.71, 1.52 and 1.25×
+    /// nginx's bytes per CPU-second, the medians' ratio 1.26×). Falls back
+    /// to the medians' ratio when no repeat has both.
+    fn paired_ratio_to_nginx(
+        &self,
+        scenario: &str,
+        case: &str,
+        f: fn(&Cell) -> f64,
+        of_summaries: fn(&Summary) -> f64,
+    ) -> String {
+        let of = |target: TargetKind| {
+            self.cells
+                .iter()
+                .filter(move |c| c.scenario == scenario && c.case == case && c.target == target)
+        };
+        let paired: Vec<f64> = of(TargetKind::Tlsgate)
+            .filter_map(|t| {
+                let n = of(TargetKind::Nginx).find(|n| n.repeat == t.repeat)?;
+                (f(t) > 0.0 && f(n) > 0.0).then(|| f(t) / f(n))
+            })
+            .collect();
+        if paired.is_empty() {
+            self.ratio_to_nginx(scenario, case, of_summaries)
+        } else {
+            format!("{:.2}", median(paired))
+        }
+    }
+
     fn handshake_table(&self, out: &mut String, targets: &[TargetKind]) {
         let cases = self.cases("handshake");
         if cases.is_empty() {
@@ -502,7 +534,12 @@ impl Results {
             let _ = writeln!(
                 out,
                 " {} | {} | {bound} |",
-                self.ratio_to_nginx("handshake", case, |s| s.cpu_us_per_op),
+                self.paired_ratio_to_nginx(
+                    "handshake",
+                    case,
+                    |c| c.server_cpu_us_per_op,
+                    |s| s.cpu_us_per_op
+                ),
                 self.isolation_cost("handshake", case)
                     .map_or("–".into(), |c| format!("{:+.0} %", c * 100.0))
             );
@@ -773,7 +810,12 @@ impl Results {
             let _ = writeln!(
                 out,
                 " {} |",
-                self.ratio_to_nginx("transfer", case, |s| s.bytes_per_cpu_sec)
+                self.paired_ratio_to_nginx(
+                    "transfer",
+                    case,
+                    |c| ratio(c.load.bytes as f64, c.server_cpu_secs),
+                    |s| s.bytes_per_cpu_sec
+                )
             );
         }
     }
@@ -1097,6 +1139,23 @@ mod tests {
             insane.iter().any(|i| i.contains("no upstream CPU time")),
             "{insane:?}"
         );
+    }
+
+    /// tlsgate ÷ nginx pairs the cells of each repeat: here the medians
+    /// (300 and 400 µs) would give 0.75, the repeats' pairs 0.5, 0.75 and
+    /// 0.5.
+    #[test]
+    fn ratio_to_nginx_is_the_median_of_each_repeats_pair() {
+        let mut r = Results::new(Machine::detect("test".into()), true);
+        for (repeat, t, n) in [(0, 200, 400), (1, 300, 400), (2, 400, 800)] {
+            let mut a = cell(TargetKind::Tlsgate, 1000, t * 1_000_000, 0.5);
+            let mut b = cell(TargetKind::Nginx, 1000, n * 1_000_000, 0.5);
+            (a.repeat, b.repeat) = (repeat, repeat);
+            r.cells.extend([a, b]);
+        }
+        r.summarize();
+        let md = r.markdown();
+        assert!(md.contains("| 0.50 | – | – |"), "{md}");
     }
 
     #[test]

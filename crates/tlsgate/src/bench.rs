@@ -11,7 +11,8 @@ use tlsgate_bench::{plot, scenario, BenchOptions, Placement, Scenario, TargetKin
 pub struct BenchArgs {
     /// handshake, transfer, stream, bound, crosscheck, h2, proxy or all; or synflood
     /// (legitimate handshakes under a spoofed SYN flood, kernel alone and
-    /// with XDP SynGate; needs root, not part of all).
+    /// with XDP SynGate; needs root, not part of all); or report (writes
+    /// --out DIR's report.md and plots again from its results.json).
     scenario: String,
     /// A smoke run of seconds (CI): checks that every figure is sane, not fast.
     #[arg(long)]
@@ -73,6 +74,9 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> ExitCode {
     if args.scenario == "synflood" {
         return synflood(&args);
+    }
+    if args.scenario == "report" {
+        return rerender(args.out.as_deref());
     }
     let Some(scenarios) = Scenario::parse(&args.scenario) else {
         eprintln!(
@@ -304,5 +308,52 @@ fn synflood(args: &BenchArgs) -> ExitCode {
             failed.len()
         );
         ExitCode::from(1)
+    }
+}
+
+/// `tlsgate bench report --out DIR`: the report and plots of an earlier
+/// run, written again from its `results.json` by this build's report code
+/// (nothing is measured).
+fn rerender(dir: Option<&std::path::Path>) -> ExitCode {
+    let Some(dir) = dir else {
+        eprintln!(
+            "tlsgate: error: bench report needs --out DIR, the directory holding results.json"
+        );
+        return ExitCode::from(2);
+    };
+    let path = dir.join("results.json");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tlsgate: error: {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    let results: tlsgate_bench::Results = match serde_json::from_str(&text) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "tlsgate: error: {}: not a bench results file: {e}",
+                path.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = results.write(dir) {
+        eprintln!("tlsgate: error: {e}");
+        return ExitCode::from(1);
+    }
+    match plot::write_all(&results, dir) {
+        Ok(plots) => {
+            println!("report:  {}", dir.join("report.md").display());
+            for p in plots {
+                println!("plot:    {}", p.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tlsgate: error: {e}");
+            ExitCode::from(1)
+        }
     }
 }

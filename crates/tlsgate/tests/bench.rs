@@ -343,6 +343,28 @@ fn quick_bench_measures_every_scenario_on_every_target() {
         let svg = std::fs::read_to_string(out.path().join(plot)).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("tlsgate"), "{plot}");
     }
+    // `bench report` writes the report again from results.json alone.
+    std::fs::remove_file(out.path().join("report.md")).unwrap();
+    std::fs::remove_file(out.path().join("handshake-cpu.svg")).unwrap();
+    let again = Command::new(bin())
+        .args(["bench", "report", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{again:?}");
+    let rewritten = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert_eq!(rewritten, report);
+    assert!(out.path().join("handshake-cpu.svg").exists());
+    // Without results, it says which file it could not read, and exits 2.
+    let empty = tempfile::tempdir().unwrap();
+    let refused = Command::new(bin())
+        .args(["bench", "report", "--out"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(err.contains("results.json"), "{err}");
 }
 
 fn cost_model_calibrates_predicts_and_validates() {
