@@ -447,6 +447,27 @@ impl Results {
         }
     }
 
+    /// `f` of `a`'s cell over `f` of `b`'s, for every repeat of the case
+    /// that measured both (a figure of 0 is no measure).
+    fn paired_ratios(
+        &self,
+        (scenario, case): (&str, &str),
+        (a, b): (TargetKind, TargetKind),
+        f: fn(&Cell) -> f64,
+    ) -> Vec<f64> {
+        let of = |target: TargetKind| {
+            self.cells
+                .iter()
+                .filter(move |c| c.scenario == scenario && c.case == case && c.target == target)
+        };
+        of(a)
+            .filter_map(|x| {
+                let y = of(b).find(|y| y.repeat == x.repeat)?;
+                (f(x) > 0.0 && f(y) > 0.0).then(|| f(x) / f(y))
+            })
+            .collect()
+    }
+
     /// tlsgate ÷ nginx by `f` of their cells, the median of each repeat's
     /// pair: a repeat runs every target's cell within seconds, while the
     /// machine's speed drifts between repeats, and the ratio of the two
@@ -461,17 +482,11 @@ impl Results {
         f: fn(&Cell) -> f64,
         of_summaries: fn(&Summary) -> f64,
     ) -> String {
-        let of = |target: TargetKind| {
-            self.cells
-                .iter()
-                .filter(move |c| c.scenario == scenario && c.case == case && c.target == target)
-        };
-        let paired: Vec<f64> = of(TargetKind::Tlsgate)
-            .filter_map(|t| {
-                let n = of(TargetKind::Nginx).find(|n| n.repeat == t.repeat)?;
-                (f(t) > 0.0 && f(n) > 0.0).then(|| f(t) / f(n))
-            })
-            .collect();
+        let paired = self.paired_ratios(
+            (scenario, case),
+            (TargetKind::Tlsgate, TargetKind::Nginx),
+            f,
+        );
         if paired.is_empty() {
             self.ratio_to_nginx(scenario, case, of_summaries)
         } else {
@@ -598,20 +613,13 @@ impl Results {
     /// so the machine's drift between repeats stays out of the ratio (a
     /// ratio of the two medians can pair a fast repeat with a slow one).
     pub fn isolation_cost(&self, scenario: &str, case: &str) -> Option<f64> {
-        let of = |target: TargetKind| {
-            self.cells
-                .iter()
-                .filter(move |c| c.scenario == scenario && c.case == case && c.target == target)
-        };
-        let paired: Vec<f64> = of(TargetKind::Tlsgate)
-            .filter_map(|isolated| {
-                let inproc =
-                    of(TargetKind::TlsgateKeysInProcess).find(|c| c.repeat == isolated.repeat)?;
-                excess(isolated.server_cpu_us_per_op, inproc.server_cpu_us_per_op)
-            })
-            .collect();
+        let paired = self.paired_ratios(
+            (scenario, case),
+            (TargetKind::Tlsgate, TargetKind::TlsgateKeysInProcess),
+            |c| c.server_cpu_us_per_op,
+        );
         if !paired.is_empty() {
-            return Some(median(paired));
+            return Some(median(paired) - 1.0);
         }
         let isolated = self.summary(scenario, case, TargetKind::Tlsgate)?;
         let inproc = self.summary(scenario, case, TargetKind::TlsgateKeysInProcess)?;
