@@ -552,6 +552,20 @@ impl CrossCheck {
         self.case.split_once(' ').map_or("", |(_, c)| c)
     }
 
+    /// The tool's operations per second: the median of its rounds, as the
+    /// bench's beside it (over all rounds for results without them).
+    pub fn tool_ops_per_sec(&self) -> f64 {
+        if self.rounds.is_empty() {
+            return self.operations as f64 / self.secs.max(1e-9);
+        }
+        median(
+            self.rounds
+                .iter()
+                .map(|r| r.tool_operations as f64 / r.tool_secs.max(1e-9))
+                .collect(),
+        )
+    }
+
     /// The tool's server CPU per operation over the bench's at the same
     /// load, the median of the rounds' (the ratio of the medians for
     /// results without rounds).
@@ -656,6 +670,8 @@ mod tests {
         assert_eq!(t.paired_ratio(n, false), Some(0.5));
         // Tool ÷ bench per round: 0.83, 1.33, 1.5.
         assert_eq!(t.paired_ratio_tool_to_bench(), Some(200.0 / 150.0));
+        // 1,000 operations in 3 s each round.
+        assert!((t.tool_ops_per_sec() - 1000.0 / 3.0).abs() < 1e-9);
         // A missing figure in a round leaves that round out.
         checks[1].rounds[1].tool_cpu_us_per_op = 0.0;
         assert_eq!(checks[0].paired_ratio(&checks[1], true), Some(0.55));

@@ -419,7 +419,7 @@ impl Results {
                     c.case,
                     c.tool,
                     c.rounds.len().max(1),
-                    c.operations as f64 / c.secs.max(1e-9),
+                    c.tool_ops_per_sec(),
                     c.bench_ops_per_sec,
                     c.server_cpu_us_per_op,
                     c.bench_load,
