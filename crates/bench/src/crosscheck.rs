@@ -163,15 +163,17 @@ pub(crate) fn run_tools_steady(
     };
     let (cpu_open, open) = sample(Duration::from_secs_f64(secs * 0.2));
     let (cpu_close, close) = sample(Duration::from_secs_f64(secs * 0.9));
-    for child in &mut children {
-        if !matches!(child.try_wait(), Ok(None)) {
-            // A window with the load gone would hold idle time.
-            let _ = collect_tools(target, children, what);
-            return Err(BenchError::Other(format!(
-                "{what} against {} ended before its {secs} s were over",
-                target.kind()
-            )));
-        }
+    let ended = children
+        .iter_mut()
+        .any(|c| !matches!(c.try_wait(), Ok(None)));
+    if ended {
+        // A window with the load gone would hold idle time; a tool that
+        // failed says why first.
+        collect_tools(target, children, what)?;
+        return Err(BenchError::Other(format!(
+            "{what} against {} ended before its {secs} s were over",
+            target.kind()
+        )));
     }
     let outs = collect_tools(target, children, what)?;
     Ok(Steady {
@@ -382,6 +384,7 @@ pub fn run(
             let same_load = same_load?;
             record(
                 &mut checks,
+                results,
                 *kind,
                 ("handshake", &profile.label()),
                 format!("{S_TIME_PROCESSES} × openssl s_time -new -tls1_3"),
@@ -438,6 +441,7 @@ pub fn run(
                 let same_load = same_load?;
                 record(
                     &mut checks,
+                    results,
                     *kind,
                     ("transfer", size),
                     format!("wrk -t1 -c{WRK_CONNECTIONS}"),
@@ -456,24 +460,27 @@ pub fn run(
         }
     }
     for check in &mut checks {
-        check.bench_saturated_cpu_us_per_op = results
-            .summary(check.scenario(), check.case_name(), check.target)
-            .map_or(0.0, |s| s.cpu_us_per_op);
+        check.settle();
     }
     results.crosschecks = checks;
     Ok(())
 }
 
 /// Adds a round to its cross-check (target, case and tool), starting one
-/// if it is the first, and refreshes the medians.
+/// (with the bench's saturated figure for the case, from `results`) if it
+/// is the first.
 fn record(
     checks: &mut Vec<CrossCheck>,
+    results: &Results,
     target: TargetKind,
     (scenario, case): (&str, &str),
     tool: String,
     bench_load: String,
     round: Round,
 ) {
+    let saturated = results
+        .summary(scenario, case, target)
+        .map_or(0.0, |s| s.cpu_us_per_op);
     let case = format!("{scenario} {case}");
     let at = match checks
         .iter()
@@ -490,7 +497,7 @@ fn record(
                 server_cpu_us_per_op: 0.0,
                 bench_cpu_us_per_op: 0.0,
                 bench_load,
-                bench_saturated_cpu_us_per_op: 0.0,
+                bench_saturated_cpu_us_per_op: saturated,
                 tool_generator_busy: 0.0,
                 bench_generator_busy: 0.0,
                 bench_ops_per_sec: 0.0,
@@ -499,25 +506,7 @@ fn record(
             checks.len() - 1
         }
     };
-    let check = &mut checks[at];
-    check.operations += round.tool_operations;
-    check.secs += round.tool_secs;
-    check.rounds.push(round);
-    let of = |f: fn(&Round) -> f64| median(check.rounds.iter().map(f).collect());
-    let medians = (
-        of(|r| r.tool_cpu_us_per_op),
-        of(|r| r.bench_cpu_us_per_op),
-        of(|r| r.bench_ops_per_sec),
-        of(|r| r.tool_generator_busy),
-        of(|r| r.bench_generator_busy),
-    );
-    (
-        check.server_cpu_us_per_op,
-        check.bench_cpu_us_per_op,
-        check.bench_ops_per_sec,
-        check.tool_generator_busy,
-        check.bench_generator_busy,
-    ) = medians;
+    checks[at].rounds.push(round);
 }
 
 impl Round {
@@ -542,14 +531,17 @@ impl Round {
 }
 
 impl CrossCheck {
-    /// The bench scenario the case belongs to (`handshake`, `transfer`).
-    pub fn scenario(&self) -> &str {
-        self.case.split_once(' ').map_or(&self.case, |(s, _)| s)
-    }
-
-    /// The case within its scenario.
-    pub fn case_name(&self) -> &str {
-        self.case.split_once(' ').map_or("", |(_, c)| c)
+    /// Sets the figures from the rounds: medians, and the tool's
+    /// operations and seconds summed.
+    fn settle(&mut self) {
+        let of = |f: fn(&Round) -> f64| median(self.rounds.iter().map(f).collect());
+        self.server_cpu_us_per_op = of(|r| r.tool_cpu_us_per_op);
+        self.bench_cpu_us_per_op = of(|r| r.bench_cpu_us_per_op);
+        self.bench_ops_per_sec = of(|r| r.bench_ops_per_sec);
+        self.tool_generator_busy = of(|r| r.tool_generator_busy);
+        self.bench_generator_busy = of(|r| r.bench_generator_busy);
+        self.operations = self.rounds.iter().map(|r| r.tool_operations).sum();
+        self.secs = self.rounds.iter().map(|r| r.tool_secs).sum();
     }
 
     /// The tool's operations per second: the median of its rounds, as the
@@ -636,6 +628,7 @@ mod tests {
     #[test]
     fn rounds_fold_into_medians_and_pair_by_round() {
         let mut checks = Vec::new();
+        let results = Results::new(crate::report::Machine::detect("test".into()), true);
         let case = ("handshake", "TLS1.3 ECDSA full");
         for (target, tool, bench) in [
             (TargetKind::Tlsgate, 100.0, 120.0),
@@ -646,7 +639,11 @@ mod tests {
             (TargetKind::Nginx, 500.0, 500.0),
         ] {
             let r = round(tool, bench);
-            record(&mut checks, target, case, "s_time".into(), "open".into(), r);
+            let (tool, load) = ("s_time".into(), "open".into());
+            record(&mut checks, &results, target, case, tool, load, r);
+        }
+        for c in &mut checks {
+            c.settle();
         }
         assert_eq!(checks.len(), 2);
         let (t, n) = (&checks[0], &checks[1]);
@@ -659,10 +656,7 @@ mod tests {
             (t.server_cpu_us_per_op, t.bench_cpu_us_per_op),
             (200.0, 150.0)
         );
-        assert_eq!(
-            (t.scenario(), t.case_name()),
-            ("handshake", "TLS1.3 ECDSA full")
-        );
+        assert_eq!(t.case, "handshake TLS1.3 ECDSA full");
         // Per round tlsgate ÷ nginx by the tool: 0.5, 0.4, 0.6; the ratio
         // of the medians would read 200 / 500 = 0.4.
         assert_eq!(t.paired_ratio(n, true), Some(0.5));

@@ -45,6 +45,17 @@ impl Clock {
     }
 }
 
+/// Keeps this generator thread from sleeping until the window closes: a
+/// task always ready makes the runtime poll its sockets without blocking
+/// (see [`crate::HandshakeJob::busy_poll`]).
+pub(crate) fn keep_polling(clock: Clock) {
+    tokio::task::spawn_local(async move {
+        while !clock.over() {
+            tokio::task::yield_now().await;
+        }
+    });
+}
+
 /// Lets threads start and pin themselves before the clock starts.
 const SPIN_UP: Duration = Duration::from_millis(50);
 

@@ -230,13 +230,7 @@ pub fn run_handshakes(job: &HandshakeJob, observer: &dyn Observer) -> Result<Rep
             };
             let tally = Rc::new(RefCell::new(Tally::new()));
             if job.busy_poll {
-                // Ready again at once: the runtime polls its sockets
-                // without blocking, and the thread never sleeps.
-                tokio::task::spawn_local(async move {
-                    while !clock.over() {
-                        tokio::task::yield_now().await;
-                    }
-                });
+                engine::keep_polling(clock);
             }
             if per_thread_concurrency > 0 {
                 let mut tasks = Vec::new();

@@ -67,31 +67,25 @@ pub fn run_transfer(job: &TransferJob, observer: &dyn Observer) -> Result<Report
             };
             let tally = Rc::new(RefCell::new(Tally::new()));
             if job.busy_poll {
-                // Ready again at once: the runtime polls its sockets
-                // without blocking, and the thread never sleeps.
-                tokio::task::spawn_local(async move {
-                    while !clock.over() {
-                        tokio::task::yield_now().await;
-                    }
-                });
+                engine::keep_polling(clock);
             }
             let mut tasks = Vec::new();
             for i in 0..per_thread {
                 let (dialer, tally, request) = (dialer.clone(), tally.clone(), request.clone());
                 // Connections start a share of the interval apart, so that
                 // paced requests arrive spread out, not all at each tick.
-                let mut next =
-                    period.map(|p| Instant::now() + p.mul_f64(i as f64 / per_thread as f64));
+                let mut pace =
+                    period.map(|p| (Instant::now() + p.mul_f64(i as f64 / per_thread as f64), p));
                 tasks.push(tokio::task::spawn_local(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     while !clock.over() {
                         let session = async {
                             let mut tls = dialer.connect(&clock, &tally).await?;
                             loop {
-                                if let (Some(at), Some(p)) = (next.as_mut(), period) {
+                                if let Some((at, p)) = pace.as_mut() {
                                     tokio::time::sleep_until((*at).into()).await;
-                                    let late = Instant::now().checked_sub(p).unwrap_or(*at);
-                                    *at = (*at).max(late) + p;
+                                    let late = Instant::now().checked_sub(*p).unwrap_or(*at);
+                                    *at = (*at).max(late) + *p;
                                 }
                                 keepalive_request(&mut tls, &request, &mut buf, &clock, &tally)
                                     .await?;
