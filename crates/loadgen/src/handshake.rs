@@ -20,7 +20,7 @@ use crate::http::{
 };
 use crate::profile::TlsProfile;
 use crate::stats::{Report, Tally};
-use crate::wire::Wire;
+use crate::wire::{Reads, Wire};
 
 /// How new connections are paced.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +75,8 @@ pub(crate) struct Dialer {
     pub addr: SocketAddr,
     pub name: ServerName<'static>,
     pub connector: TlsConnector,
+    /// Record-bounded for connections whose big bodies are dropped unread.
+    pub reads: Reads,
 }
 
 impl Dialer {
@@ -83,6 +85,7 @@ impl Dialer {
         server_name: &str,
         profile: &TlsProfile,
         sessions: usize,
+        reads: Reads,
     ) -> Result<Self, LoadError> {
         let name = ServerName::try_from(server_name.to_string())
             .map_err(|_| LoadError::ServerName(server_name.to_string()))?;
@@ -90,6 +93,7 @@ impl Dialer {
             addr,
             name,
             connector: TlsConnector::from(profile.client_config(sessions)?),
+            reads,
         })
     }
 
@@ -106,7 +110,7 @@ impl Dialer {
         let _ = tcp.set_nodelay(true);
         let tls = self
             .connector
-            .connect(self.name.clone(), Wire::new(tcp))
+            .connect(self.name.clone(), Wire::new(tcp, self.reads))
             .await
             .map_err(|e| OpError::new("handshake", e))?;
         if clock.in_window(Instant::now()) {
@@ -157,8 +161,9 @@ pub(crate) fn thread_dialer(
     server_name: &str,
     profile: &TlsProfile,
     sessions: usize,
+    reads: Reads,
 ) -> Result<Rc<Dialer>, Box<Tally>> {
-    Dialer::new(addr, server_name, profile, sessions)
+    Dialer::new(addr, server_name, profile, sessions, reads)
         .map(Rc::new)
         .map_err(|e| {
             let mut t = Tally::new();
@@ -224,6 +229,7 @@ pub fn run_handshakes(job: &HandshakeJob, observer: &dyn Observer) -> Result<Rep
                 &job.server_name,
                 &job.profile,
                 per_thread_concurrency.max(max_in_flight) * 2,
+                Reads::RecordBounded,
             ) {
                 Ok(d) => d,
                 Err(t) => return *t,
@@ -240,7 +246,13 @@ pub fn run_handshakes(job: &HandshakeJob, observer: &dyn Observer) -> Result<Rep
                     // per server name (TLS 1.3 tickets are single-use), so
                     // dozens of concurrent connections would fall back to
                     // full handshakes and "resumed" would measure a mix.
-                    let dialer = match Dialer::new(job.addr, &job.server_name, &job.profile, 4) {
+                    let dialer = match Dialer::new(
+                        job.addr,
+                        &job.server_name,
+                        &job.profile,
+                        4,
+                        Reads::RecordBounded,
+                    ) {
                         Ok(d) => Rc::new(d),
                         Err(_) => dialer.clone(),
                     };
@@ -356,7 +368,7 @@ async fn one(
             }
             return Ok(done);
         }
-        read_body(&mut tls, buf, &head, clock, &mut bytes).await?;
+        read_body(&mut tls, &head, clock, &mut bytes).await?;
         let done = Instant::now();
         await_close(&mut tls, buf).await;
         Ok::<Instant, OpError>(done)

@@ -15,6 +15,7 @@ use crate::handshake::{into_tally, keepalive_request, require_success, thread_di
 use crate::http::{get_request, OpError};
 use crate::profile::TlsProfile;
 use crate::stats::{Report, Tally};
+use crate::wire::Reads;
 
 /// A streaming job.
 #[derive(Debug, Clone)]
@@ -61,10 +62,11 @@ pub fn run_stream(job: &StreamJob, observer: &dyn Observer) -> Result<Report, Lo
     let mut report = engine::run(&job.cores, job.window, observer, |_, clock| {
         let request = request.clone();
         async move {
-            let dialer = match thread_dialer(job.addr, &job.server_name, &job.profile, 16) {
-                Ok(d) => d,
-                Err(t) => return *t,
-            };
+            let dialer =
+                match thread_dialer(job.addr, &job.server_name, &job.profile, 16, Reads::Across) {
+                    Ok(d) => d,
+                    Err(t) => return *t,
+                };
             let tally = Rc::new(RefCell::new(Tally::new()));
             let gate = Rc::new(Semaphore::new(job.connect_concurrency.max(1)));
             let open_at_window = Rc::new(std::cell::Cell::new(0u64));

@@ -12,6 +12,7 @@ use crate::handshake::{into_tally, keepalive_request, require_success, thread_di
 use crate::http::{get_request, OpError};
 use crate::profile::TlsProfile;
 use crate::stats::{Report, Tally};
+use crate::wire::Reads;
 
 /// A keep-alive transfer job.
 #[derive(Debug, Clone)]
@@ -61,7 +62,13 @@ pub fn run_transfer(job: &TransferJob, observer: &dyn Observer) -> Result<Report
     let report = engine::run(&job.cores, job.window, observer, |_, clock| {
         let request = request.clone();
         async move {
-            let dialer = match thread_dialer(job.addr, &job.server_name, &job.profile, per_thread) {
+            let dialer = match thread_dialer(
+                job.addr,
+                &job.server_name,
+                &job.profile,
+                per_thread,
+                Reads::Across,
+            ) {
                 Ok(d) => d,
                 Err(t) => return *t,
             };

@@ -5,10 +5,15 @@
 //!   response costs a system call per 4 KiB and the generator, not the
 //!   server, runs out of CPU first (a 2 MiB transfer kept the server ~50 %
 //!   busy). The buffer reads the socket in big gulps.
-//! - Record-bounded: rustls stops reading once a record gives plaintext,
-//!   so it then holds no part of the next record. Whoever stops reading
-//!   through rustls at that point (to discard a body unread) knows every
-//!   byte that arrived is either rustls' plaintext or in this buffer.
+//! - Record-bounded, when asked ([`Reads::RecordBounded`]): rustls stops
+//!   reading once a record gives plaintext, so it then holds no part of
+//!   the next record. Whoever stops reading through rustls at that point
+//!   (to discard a body unread) knows every byte that arrived is either
+//!   rustls' plaintext or in this buffer. That costs keep-alive
+//!   transfers dearly, so they read [`Reads::Across`] records: rustls'
+//!   receive buffer shrinks to 4 KiB whenever a read finds it empty, which
+//!   a record-bounded read always does, and grows back 4 KiB (a
+//!   reallocation and a copy) at a time, every record.
 
 use std::io;
 use std::pin::Pin;
@@ -32,9 +37,19 @@ thread_local! {
     static SPARE: std::cell::RefCell<Vec<Box<[u8]>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Where a read handed to rustls may end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// At the end of the current record header or body, never beyond.
+    RecordBounded,
+    /// Anywhere: as much as is buffered and asked for.
+    Across,
+}
+
 /// The socket, a read buffer, and where the current record ends.
 pub(crate) struct Wire {
     sock: TcpStream,
+    reads: Reads,
     buf: Box<[u8]>,
     start: usize,
     end: usize,
@@ -45,9 +60,10 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
-    pub fn new(sock: TcpStream) -> Self {
+    pub fn new(sock: TcpStream, reads: Reads) -> Self {
         Self {
             sock,
+            reads,
             buf: SPARE
                 .with_borrow_mut(Vec::pop)
                 .unwrap_or_else(|| vec![0; CAPACITY].into_boxed_slice()),
@@ -64,8 +80,10 @@ impl Wire {
         &self.sock
     }
 
-    /// Drops what is buffered and says how many bytes that was.
+    /// Drops what is buffered and says how many bytes that was. Only a
+    /// record-bounded wire knows that rustls then holds no part of a record.
     pub fn discard_buffered(&mut self) -> usize {
+        debug_assert_eq!(self.reads, Reads::RecordBounded);
         let n = self.end - self.start;
         self.start = self.end;
         n
@@ -75,6 +93,9 @@ impl Wire {
     /// current header or record body. Updates the record position.
     fn take(&mut self, want: usize) -> usize {
         let have = (self.end - self.start).min(want);
+        if self.reads == Reads::Across {
+            return have;
+        }
         if self.body_left > 0 {
             let n = have.min(self.body_left);
             self.body_left -= n;
@@ -170,7 +191,10 @@ mod tests {
     async fn reads_never_cross_a_record_boundary() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut wire = Wire::new(TcpStream::connect(addr).await.unwrap());
+        let mut wire = Wire::new(
+            TcpStream::connect(addr).await.unwrap(),
+            Reads::RecordBounded,
+        );
         let (mut server, _) = listener.accept().await.unwrap();
         let mut stream = vec![23, 3, 3, 0, 3, b'a', b'b', b'c'];
         stream.extend([23, 3, 3, 0, 1, b'd']);
@@ -197,5 +221,23 @@ mod tests {
         }
         assert_eq!(got, stream);
         assert_eq!(wire.body_left, 1, "the third record is cut short");
+    }
+
+    /// Read across records, one read may take all that is buffered.
+    #[tokio::test]
+    async fn reads_across_records_take_what_is_buffered() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut wire = Wire::new(TcpStream::connect(addr).await.unwrap(), Reads::Across);
+        let (mut server, _) = listener.accept().await.unwrap();
+        let stream = [23, 3, 3, 0, 3, b'a', b'b', b'c', 23, 3, 3, 0, 1, b'd'];
+        server.write_all(&stream).await.unwrap();
+        server.shutdown().await.unwrap();
+        // One write of 14 bytes is one segment on loopback: the socket's
+        // first read holds both records, and one read hands both on.
+        let mut buf = [0u8; 64];
+        let n = wire.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], &stream[..]);
+        assert_eq!(wire.read(&mut buf).await.unwrap(), 0);
     }
 }
