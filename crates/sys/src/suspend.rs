@@ -18,6 +18,13 @@
 
 #![allow(unsafe_code)]
 
+// A call dropped while suspended (a handshake that timed out waiting for
+// its signature, a client gone) has its frames unwound on its own stack.
+// Under `panic = "abort"` corosensei aborts there instead: every such
+// timeout would take the worker down with all its connections.
+#[cfg(panic = "abort")]
+compile_error!("suspended calls are unwound when dropped: build with panic = \"unwind\"");
+
 use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::thread::{self, ThreadId};
