@@ -300,7 +300,7 @@ pub fn parse_wrk(out: &str) -> Option<(u64, f64)> {
 const WRK_CONNECTIONS: usize = 100;
 
 /// Runs both tools against every target, each followed by the bench's
-/// generator at the same load; `opts.repeats` rounds, the targets taking
+/// generator at the same load; `opts.crosscheck_rounds` rounds, the targets taking
 /// turns in each, and every figure the median of its rounds. One 3 s cell
 /// moves by ±20 % on this shared machine: a single round decided nothing.
 pub fn run(
@@ -317,7 +317,7 @@ pub fn run(
     };
     let client = opts.placement.client_cores.first().copied().flatten();
     let mut checks: Vec<CrossCheck> = Vec::new();
-    for repeat in 0..opts.repeats.max(1) {
+    for repeat in 0..opts.crosscheck_rounds.max(1) {
         // tlsgate with its keys in-process too: key isolation's cost at
         // s_time's load (handshakes only, unless it is a target of its own:
         // keep-alive transfers sign nothing).

@@ -70,6 +70,11 @@ pub struct BenchOptions {
     pub targets: Vec<TargetKind>,
     /// Repeats of every cell (medians are reported).
     pub repeats: usize,
+    /// Rounds of the cross-check. Its verdict compares a ratio of two
+    /// 3 s cells with another such ratio, within 15 %: three rounds
+    /// disagreed in 5 of 15 checks on 2026-11-27 where five agreed in
+    /// all 6 (docs/bench.md, "The cross-check with the new generator").
+    pub crosscheck_rounds: usize,
     /// Warm-up of each cell.
     pub warmup: Duration,
     /// Measurement window of each cell.
@@ -130,6 +135,7 @@ impl BenchOptions {
             quick,
             targets: TargetKind::ALL.to_vec(),
             repeats: if quick { 1 } else { 3 },
+            crosscheck_rounds: if quick { 1 } else { 5 },
             warmup: Duration::from_millis(if quick { 200 } else { 1000 }),
             measure: Duration::from_millis(if quick { 500 } else { 3000 }),
             handshake_concurrency: 32,

@@ -27,7 +27,8 @@ pub struct BenchArgs {
     /// (default: bench-results/<UTC date-time>).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Repeats of every cell; medians are reported.
+    /// Repeats of every cell, and rounds of the cross-check; medians are
+    /// reported. Default 3 (the cross-check 5; 1 and 1 with --quick).
     #[arg(long)]
     repeats: Option<usize>,
     /// Measurement window of every cell, seconds.
@@ -107,6 +108,7 @@ pub fn run(args: BenchArgs) -> ExitCode {
     opts.isolation_cost = !args.no_isolation_cost;
     if let Some(r) = args.repeats {
         opts.repeats = r.max(1);
+        opts.crosscheck_rounds = r.max(1);
     }
     if let Some(m) = args.measure {
         if m.is_nan() || m <= 0.0 {
