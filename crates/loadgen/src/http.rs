@@ -67,20 +67,22 @@ pub(crate) async fn read_response<S: AsyncBufRead + AsyncRead + Unpin>(
 
 /// Reads a response head (and whatever body bytes come with it): a
 /// non-200 status is an error only once the body is read, so that the
-/// connection stays usable.
+/// connection stays usable. Reads no further than a head may reach, so
+/// that the body's bytes past it stay where [`read_body`] counts them.
 pub(crate) async fn read_head<S: AsyncRead + Unpin>(
     s: &mut S,
     buf: &mut [u8],
     clock: &Clock,
     bytes: &mut u64,
 ) -> Result<Head, OpError> {
+    let limit = buf.len().min(MAX_HEAD);
     let mut filled = 0;
     loop {
-        if filled == buf.len().min(MAX_HEAD) {
+        if filled == limit {
             return Err(OpError::new("protocol", "response head too large"));
         }
         let n = s
-            .read(&mut buf[filled..])
+            .read(&mut buf[filled..limit])
             .await
             .map_err(|e| OpError::new("read", e))?;
         if n == 0 {
