@@ -25,7 +25,7 @@ mod conn;
 mod error;
 mod forward;
 mod health;
-mod path;
+pub mod path;
 mod pool;
 mod resolve;
 mod route;

@@ -16,7 +16,9 @@
 //! Where readers would disagree on which dot-segments there are, the path
 //! is refused rather than guessed at: a dot-segment in a path that also
 //! has a separator in disguise (`%2F`, `%5C`, `\`), a dot-segment with
-//! `;params` (`..;`, a `..` to Tomcat and a name to others), a malformed
+//! `;params` (`..;`, a `..` to Tomcat and a name to others), a `..` after
+//! a segment that is only `;params` (an empty segment to Tomcat, which
+//! the `..` skips, and a name to others, which the `..` removes), a malformed
 //! escape (`%2%65` must not become `%2e` on its way), and a `..` that
 //! climbs above `/`.
 
@@ -69,6 +71,8 @@ fn resolve(target: &[u8], view: View) -> Result<Cow<'_, [u8]>, BadPath> {
     // Whether the output ends with a slash: after an empty, `.` or `..`
     // last segment, as RFC 3986 resolves `/a/b/..` to `/a/`.
     let mut trailing = false;
+    // A segment that is nothing but `;params` came before.
+    let mut params_alone = false;
     for seg in source.split(|&b| b == b'/') {
         trailing = true;
         let (name, params) = match seg.iter().position(|&b| b == b';') {
@@ -83,9 +87,10 @@ fn resolve(target: &[u8], view: View) -> Result<Cow<'_, [u8]>, BadPath> {
                     kept.push(shown);
                     trailing = false;
                 }
+                params_alone |= name.is_empty() && params;
             }
             n => {
-                if disguised || params || (n == 2 && kept.pop().is_none()) {
+                if disguised || params || (n == 2 && (params_alone || kept.pop().is_none())) {
                     return Err(BadPath);
                 }
             }
@@ -277,6 +282,10 @@ mod tests {
             "/api/..;/admin",
             "/api/.;x/admin",
             "/a\\b/../private/..;/../secret",
+            // A `..` after a segment of params alone: Tomcat's `..`
+            // removes `admin`, others' removes `;`.
+            "/admin/;/../api",
+            "/a/;x/b/../../c",
             // Malformed escapes, which must not make new ones.
             "/public/%2%65%2%65/admin",
             "/a/%2%46../b",
@@ -299,6 +308,8 @@ mod tests {
             "/x/./y//z/",
             "/;p/a",
             "/a\\b/c",
+            "/a/../;/b",
+            "/;/a/./b",
         ] {
             let sent = norm(t).unwrap();
             assert_eq!(routed(&sent), routed(t), "{t} went upstream as {sent}");

@@ -780,6 +780,10 @@ fn dot_segments_cannot_lead_a_request_around_its_route() {
         "/x\\..\\id",
         "/x/..;/id",
         "/id/..;/hello.txt",
+        // A `..` after a segment of `;params` alone (found by fuzz/'s
+        // proxy_path): Tomcat's `..` would remove `hello.txt`, others' `;`.
+        "/hello.txt/;/../id",
+        "/id/;x/../hello.txt",
         "/x/%2%65%2%65/id",
         "/id/../../etc/passwd",
     ] {
