@@ -10,7 +10,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tlsgate_fuzz::{assert_same_fields, minor, says_length, FramingFields};
-use tlsgate_http1::{parse_request, BodyFraming, Limits};
+use tlsgate_http1::{host_without_port, parse_request, BodyFraming, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits {
@@ -25,7 +25,12 @@ fuzz_target!(|data: &[u8]| {
     assert!(head.head_len() <= limits.max_head_bytes);
     assert!(head.target().len() <= limits.max_target_bytes);
     assert!(head.headers().count() <= limits.max_headers);
-    let _ = (head.path(), head.query(), head.host(), head.keep_alive());
+    let _ = (head.path(), head.query(), head.keep_alive());
+    if let Some(host) = head.host() {
+        // What routes and certificates are picked by: a part of the Host.
+        let name = host_without_port(host);
+        assert!(host.starts_with(name), "{host:?} gave {name:?}");
+    }
     for n in [0, head.head_len() / 2, head.head_len() - 1] {
         assert!(matches!(parse_request(&data[..n], &limits), Ok(None)));
     }

@@ -18,7 +18,7 @@ mod keys;
 mod limiter;
 mod privileges;
 mod proxy;
-mod proxy_protocol;
+pub mod proxy_protocol;
 mod refusals;
 mod respond;
 mod tickets;

@@ -126,6 +126,18 @@ pub async fn read_header(sock: &mut TcpStream) -> Result<Header, HeaderError> {
     }
 }
 
+/// Parses the start of a connection: `Ok(Some((len, header)))` for a
+/// whole header of `len` bytes, `Ok(None)` while every byte so far belongs
+/// to a header that goes on. The bytes after a whole header (the TLS
+/// ClientHello) change nothing. Public for the fuzz targets; the server
+/// reads headers with [`read_header`].
+pub fn parse_header(input: &[u8]) -> Result<Option<(usize, Header)>, HeaderError> {
+    Ok(match parse(input)? {
+        Parsed::Whole(len, header) => Some((len, header)),
+        Parsed::NeedMore => None,
+    })
+}
+
 /// v2's first twelve bytes.
 const V2_SIGNATURE: &[u8] = b"\r\n\r\n\0\r\nQUIT\n";
 /// v1's first six.
@@ -172,7 +184,11 @@ fn parse(input: &[u8]) -> Result<Parsed, HeaderError> {
         ));
     }
     if input.starts_with(V1_PREFIX) || V1_PREFIX.starts_with(input) {
-        let Some(end) = input.windows(2).position(|w| w == b"\r\n") else {
+        // Only within the longest line: one longer is refused however its
+        // bytes arrive, not taken when they come at once and refused when
+        // the first 107 come without their CRLF.
+        let window = input.get(..V1_MAX).unwrap_or(input);
+        let Some(end) = window.windows(2).position(|w| w == b"\r\n") else {
             return if input.len() < V1_MAX {
                 Ok(Parsed::NeedMore)
             } else {
@@ -350,6 +366,21 @@ mod tests {
         let mut endless = b"PROXY TCP4 ".to_vec();
         endless.resize(200, b'1');
         assert!(matches!(parse(&endless), Err(HeaderError::Malformed(_))));
+        // One that ends past 107 bytes is refused whole as in pieces
+        // (UNKNOWN takes anything up to its CRLF; the fuzz target found it
+        // taken whole and refused when its first 107 bytes came alone).
+        let mut long = b"PROXY UNKNOWN ".to_vec();
+        long.resize(130, b'x');
+        long.extend_from_slice(b"\r\n");
+        assert!(matches!(parse(&long), Err(HeaderError::Malformed(_))));
+        assert!(matches!(
+            parse(&long[..107]),
+            Err(HeaderError::Malformed(_))
+        ));
+        let mut longest = b"PROXY UNKNOWN ".to_vec();
+        longest.resize(105, b'x');
+        longest.extend_from_slice(b"\r\n");
+        assert_eq!(parse(&longest).unwrap(), whole(107, Origin::Balancer, "v1"));
         // v2 with version 1, and with too few bytes for its addresses.
         let mut wrong_version = v2(1, 0x11, &[0; 12], &[]);
         wrong_version[12] = 0x11;
