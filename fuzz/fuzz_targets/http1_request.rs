@@ -9,15 +9,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tlsgate_fuzz::{assert_same_fields, minor, says_length, FramingFields};
-use tlsgate_http1::{host_without_port, parse_request, BodyFraming, Limits};
+use tlsgate_fuzz::{assert_same_fields, minor, says_length, FramingFields, CLIENT_LIMITS};
+use tlsgate_http1::{host_without_port, parse_request, BodyFraming};
 
 fuzz_target!(|data: &[u8]| {
-    let limits = Limits {
-        max_head_bytes: 4096,
-        max_target_bytes: 512,
-        max_headers: 32,
-    };
+    let limits = CLIENT_LIMITS;
     let Ok(Some(head)) = parse_request(data, &limits) else {
         return;
     };

@@ -78,3 +78,11 @@ pub fn minor(v: tlsgate_http1::Version) -> u8 {
         tlsgate_http1::Version::Http11 => 1,
     }
 }
+
+/// The limits the request targets parse clients' heads under (small, so
+/// that the fuzzer reaches them).
+pub const CLIENT_LIMITS: tlsgate_http1::Limits = tlsgate_http1::Limits {
+    max_head_bytes: 4096,
+    max_target_bytes: 512,
+    max_headers: 32,
+};

@@ -394,6 +394,15 @@ where
     out
 }
 
+/// The head an HTTP/1.x request goes upstream with (hop-by-hop fields
+/// dropped, forwarding fields the proxy's own, the path as routed, the
+/// body framed as the client framed it); `BadPath` for a path that is
+/// refused (see [`crate::path`]). Not for CONNECT, which [`forward`]
+/// refuses before. Public for the fuzz targets.
+pub fn upstream_request_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
+    http1_head(r)
+}
+
 /// The upstream head of an HTTP/1.x request; `BadPath` for a path that
 /// is refused (see [`crate::path`]).
 fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
