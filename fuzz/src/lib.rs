@@ -86,3 +86,40 @@ pub const CLIENT_LIMITS: tlsgate_http1::Limits = tlsgate_http1::Limits {
     max_target_bytes: 512,
     max_headers: 32,
 };
+
+/// How many fields of `head` a CGI-style gateway would take for `name`
+/// (lower case): any case, `_` for `-` (`X_Forwarded_For` counts as
+/// `x-forwarded-for`).
+pub fn count_as(head: &tlsgate_http1::RequestHead, name: &str) -> usize {
+    head.headers()
+        .filter(|(n, _)| {
+            n.len() == name.len()
+                && n.bytes().zip(name.bytes()).all(|(a, b)| {
+                    let a = if a == b'_' {
+                        b'-'
+                    } else {
+                        a.to_ascii_lowercase()
+                    };
+                    a == b
+                })
+        })
+        .count()
+}
+
+/// `head`, as the proxy sent it upstream, read back by the project's
+/// parser under limits no proxied head comes near; panics, showing the
+/// head, when it does not parse.
+pub fn read_back(head: &[u8]) -> tlsgate_http1::RequestHead {
+    let wide = tlsgate_http1::Limits {
+        max_head_bytes: 1 << 20,
+        max_target_bytes: 1 << 20,
+        max_headers: 256,
+    };
+    match tlsgate_http1::parse_request(head, &wide) {
+        Ok(Some(h)) => h,
+        other => panic!(
+            "the project's parser refuses the upstream head ({other:?}): {:?}",
+            String::from_utf8_lossy(head)
+        ),
+    }
+}

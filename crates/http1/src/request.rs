@@ -387,12 +387,7 @@ fn parse_request_line(
     let target = after_method
         .get(..target_len.unwrap_or(after_method.len()))
         .unwrap_or_default();
-    // VCHAR only: no whitespace, CTLs or non-ASCII; '#' (a fragment) is never
-    // part of a request-target.
-    if !target
-        .iter()
-        .all(|&b| matches!(b, 0x21..=0x7e) && b != b'#')
-    {
+    if !crate::target::is_target_text(target) {
         return Err(ParseError::InvalidTarget);
     }
     if target.len() > limits.max_target_bytes {

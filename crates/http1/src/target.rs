@@ -18,6 +18,15 @@ pub(crate) struct TargetParts {
     pub(crate) authority: Option<Span>,
 }
 
+/// Whether `target` has only what a request-target may: VCHAR, so no
+/// whitespace, control or non-ASCII byte, and no `#` (a fragment is never
+/// part of one). HTTP/2's `:path` is held to it too.
+pub fn is_target_text(target: &[u8]) -> bool {
+    target
+        .iter()
+        .all(|&b| matches!(b, 0x21..=0x7e) && b != b'#')
+}
+
 /// Classifies and splits `target` (already checked to contain only VCHARs).
 pub(crate) fn parse_target(method: &Method, target: &[u8]) -> Result<TargetParts, ParseError> {
     let is_connect = *method == Method::Connect;
@@ -112,7 +121,7 @@ fn split_path_query(target: &[u8], start: usize) -> (Span, Option<Span>) {
 /// IPvFuture and userinfo are not; a port, when present, must be 1-5 digits
 /// no larger than 65535. An empty value is not valid here; callers that
 /// accept an empty Host check that first.
-pub(crate) fn is_valid_host(value: &[u8], port_required: bool) -> bool {
+pub fn is_valid_host(value: &[u8], port_required: bool) -> bool {
     let (host_ok, port) = if let Some(inner) = value.strip_prefix(b"[") {
         let Some(close) = inner.iter().position(|&b| b == b']') else {
             return false;

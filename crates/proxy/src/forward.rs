@@ -403,6 +403,32 @@ pub fn upstream_request_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
     http1_head(r)
 }
 
+/// The head an HTTP/2 stream's request goes upstream with, and how its
+/// body is framed there (chunked when the client gave no length); as
+/// [`upstream_request_head`] otherwise. Public for the fuzz targets.
+pub fn upstream_stream_head(r: &StreamRequest<'_>) -> Result<(Vec<u8>, BodyFraming), BadPath> {
+    // The path the route was chosen by.
+    let target = normalize_path(r.target)?;
+    let framing = match (r.content_length, r.end_stream) {
+        (Some(n), _) => BodyFraming::ContentLength(n),
+        (None, true) => BodyFraming::None,
+        // A body of unknown length goes upstream chunked.
+        (None, false) => BodyFraming::Chunked,
+    };
+    let head = upstream_head(&Outgoing {
+        method: r.method,
+        target: &target,
+        host: r.host,
+        fields: || r.fields.iter().copied(),
+        via: b"2 tlsgate",
+        body: framing,
+        websocket: None,
+        peer: r.conn.peer,
+        client_cert: r.client_cert.as_deref(),
+    });
+    Ok((head, framing))
+}
+
 /// The upstream head of an HTTP/1.x request; `BadPath` for a path that
 /// is refused (see [`crate::path`]).
 fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
@@ -758,28 +784,11 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
     if r.content_length.is_some_and(|n| n > r.max_body) {
         return refused(413, "body_too_large", None, false);
     }
-    // The path the route was chosen by.
-    let Ok(target) = normalize_path(r.target) else {
+    let Ok((head, framing)) = upstream_stream_head(r) else {
         return refused(400, "bad_path", None, false);
     };
-    let framing = match (r.content_length, r.end_stream) {
-        (Some(n), _) => BodyFraming::ContentLength(n),
-        (None, true) => BodyFraming::None,
-        // A body of unknown length goes upstream chunked.
-        (None, false) => BodyFraming::Chunked,
-    };
     let prepared = Prepared {
-        head: upstream_head(&Outgoing {
-            method: r.method,
-            target: &target,
-            host: r.host,
-            fields: || r.fields.iter().copied(),
-            via: b"2 tlsgate",
-            body: framing,
-            websocket: None,
-            peer: r.conn.peer,
-            client_cert: r.client_cert.as_deref(),
-        }),
+        head,
         method: r.method,
         framing,
         replay: r.end_stream.then_some(&[][..]),

@@ -34,8 +34,8 @@ mod tls;
 pub use client::{ClientConn, PRIVATE_IDLE_MAX};
 pub use error::Failure;
 pub use forward::{
-    forward, forward_stream, upstream_request_head, BodyRefused, Downstream, Outcome, Request,
-    RequestBody, Responder, SendError, StreamRequest, CLIENT_CLOSED,
+    forward, forward_stream, upstream_request_head, upstream_stream_head, BodyRefused, Downstream,
+    Outcome, Request, RequestBody, Responder, SendError, StreamRequest, CLIENT_CLOSED,
 };
 pub use path::BadPath;
 pub use pool::{Pool, Pools};
