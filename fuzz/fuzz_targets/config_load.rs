@@ -15,7 +15,7 @@ use tlsgate_config::{load, Overrides};
 fn dir() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("tlsgate-fuzz-config-{}", std::process::id()));
+        let dir = tlsgate_fuzz::scratch_dir("config");
         std::fs::create_dir_all(dir.join("site")).unwrap();
         std::fs::write(dir.join("cert.pem"), "-----BEGIN CERTIFICATE-----\n").unwrap();
         std::fs::write(dir.join("key.pem"), "-----BEGIN PRIVATE KEY-----\n").unwrap();

@@ -26,7 +26,7 @@ struct Roots {
 fn roots() -> &'static Roots {
     static ROOTS: OnceLock<Roots> = OnceLock::new();
     ROOTS.get_or_init(|| {
-        let base = std::env::temp_dir().join(format!("tlsgate-fuzz-files-{}", std::process::id()));
+        let base = tlsgate_fuzz::scratch_dir("files");
         let root = base.join("root");
         std::fs::create_dir_all(root.join("docs/deep dir")).unwrap();
         std::fs::write(base.join("secret.txt"), b"secret").unwrap();

@@ -123,3 +123,24 @@ pub fn read_back(head: &[u8]) -> tlsgate_http1::RequestHead {
         ),
     }
 }
+
+/// A directory of this process's own under the system's temporary one,
+/// `tlsgate-fuzz-<what>-<pid>`, made empty. Those that processes gone
+/// left behind are removed first, so runs do not pile them up.
+pub fn scratch_dir(what: &str) -> std::path::PathBuf {
+    let prefix = format!("tlsgate-fuzz-{what}-");
+    let tmp = std::env::temp_dir();
+    if let Ok(entries) = std::fs::read_dir(&tmp) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name.to_str().and_then(|n| n.strip_prefix(&prefix));
+            if pid.is_some_and(|p| !std::path::Path::new("/proc").join(p).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = tmp.join(format!("{prefix}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
