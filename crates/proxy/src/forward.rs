@@ -394,15 +394,6 @@ where
     out
 }
 
-/// The head an HTTP/1.x request goes upstream with (hop-by-hop fields
-/// dropped, forwarding fields the proxy's own, the path as routed, the
-/// body framed as the client framed it); `BadPath` for a path that is
-/// refused (see [`crate::path`]). Not for CONNECT, which [`forward`]
-/// refuses before. Public for the fuzz targets.
-pub fn upstream_request_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
-    http1_head(r)
-}
-
 /// The head an HTTP/2 stream's request goes upstream with, and how its
 /// body is framed there (chunked when the client gave no length); as
 /// [`upstream_request_head`] otherwise. Public for the fuzz targets.
@@ -429,9 +420,12 @@ pub fn upstream_stream_head(r: &StreamRequest<'_>) -> Result<(Vec<u8>, BodyFrami
     Ok((head, framing))
 }
 
-/// The upstream head of an HTTP/1.x request; `BadPath` for a path that
-/// is refused (see [`crate::path`]).
-fn http1_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
+/// The head an HTTP/1.x request goes upstream with (hop-by-hop fields
+/// dropped, forwarding fields the proxy's own, the path as routed, the
+/// body framed as the client framed it); `BadPath` for a path that is
+/// refused (see [`crate::path`]). Not for CONNECT, which [`forward`]
+/// refuses before. Public for the fuzz targets.
+pub fn upstream_request_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
     let head = r.head;
     let target = head.target();
     // absolute-form: the upstream gets origin-form and the authority as Host.
@@ -722,7 +716,7 @@ pub async fn forward<D: Downstream + Send>(
         .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
         && head.version() == Version::Http11
         && replay.is_none();
-    let Ok(upstream_head) = http1_head(r) else {
+    let Ok(upstream_head) = upstream_request_head(r) else {
         return refused(400, "bad_path", None, false);
     };
     let prepared = Prepared {
@@ -1872,7 +1866,7 @@ mod tests {
             send_timeout: Duration::from_secs(1),
             keep_alive: true,
         };
-        String::from_utf8(http1_head(&r).unwrap()).unwrap()
+        String::from_utf8(upstream_request_head(&r).unwrap()).unwrap()
     }
 
     #[test]

@@ -359,19 +359,16 @@ async fn serve_stream(
     let fields = h.len() - cookies + usize::from(cookies > 0);
     let over_limit = if target.len() > limits.max_uri_bytes {
         Some(414)
-    } else if !tlsgate_http1::is_target_text(target)
-        || (target == b"*" && method != Method::Options)
-    {
-        // What HTTP/1.1's parser refuses in a target (the `http` crate
-        // takes raw UTF-8 in `:path`): it would go upstream as a target
-        // no two servers read alike.
-        Some(400)
     } else if fields > limits.max_headers {
         Some(431)
-    } else if authority.is_some_and(|a| !a.is_empty() && !tlsgate_http1::is_valid_host(a, false)) {
-        // The Host syntax HTTP/1.1's parser holds a client to (the `http`
-        // crate takes `:g(` for an authority): such a name routes nowhere
-        // and would go upstream as a Host no server reads alike.
+    } else if !tlsgate_http1::is_target_text(target)
+        || (target == b"*" && method != Method::Options)
+        || authority.is_some_and(|a| !a.is_empty() && !tlsgate_http1::is_valid_host(a, false))
+    {
+        // What HTTP/1.1's parser refuses in a target or a Host, and the
+        // `http` crate takes in `:path` (raw UTF-8) and `:authority`
+        // (`:g(`): it would route nowhere, or go upstream as a request
+        // line no two servers read alike.
         Some(400)
     } else {
         None

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{header, HeaderName, HeaderValue, Response, StatusCode};
-use tlsgate_http1::{is_field_value, is_valid_host, Method};
+use tlsgate_http1::{is_field_value, Method};
 use tlsgate_metrics::ReasonLabel;
 use tlsgate_proxy::{
     BodyRefused, Outcome, Pool, RequestBody, Responder, SendError, StreamRequest, CLIENT_CLOSED,
@@ -204,9 +204,9 @@ fn translate<'a>(
         (None, Some(hv)) => hv,
         (None, None) => return Err(Unfit(400, "no_authority")),
     };
-    // :authority must not carry userinfo (not a host's character), and
-    // goes upstream only as a Host HTTP/1.1's parser would take.
-    if host.is_empty() || !is_valid_host(host, false) {
+    // Its syntax (a host, no userinfo) was checked before routing
+    // (`serve_stream`); an empty Host names nothing to send upstream.
+    if host.is_empty() {
         return Err(Unfit(400, "bad_authority"));
     }
     let target = parts
