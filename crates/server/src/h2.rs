@@ -16,6 +16,7 @@
 //! Shutdown: GOAWAY, then the streams in flight are finished up to the
 //! worker's deadline.
 
+pub mod frames;
 mod guard;
 mod proxy;
 

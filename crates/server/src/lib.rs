@@ -37,6 +37,8 @@ use tokio::sync::watch;
 
 pub use access_log::AccessLog;
 pub use generation::Generation;
+/// HTTP/2 frame followers of the flood guard, public for the fuzzer.
+pub use h2::frames as h2_frames;
 pub use http::INLINE_BODY_MAX;
 pub use tickets::TicketCache;
 pub use tlsgate_tls::SelfSignedCache;
