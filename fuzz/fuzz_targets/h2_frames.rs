@@ -49,7 +49,7 @@ fn client_verdict(bytes: &[u8], limits: &Http2) -> Option<(usize, &'static str)>
     let mut resets = limits.resets.burst;
     let mut control = limits.control_frames.burst;
     let mut block: Option<u32> = None;
-    let mut take = |bucket: &mut u32, reason| {
+    let take = |bucket: &mut u32, reason| {
         if *bucket == 0 {
             return Err(reason);
         }

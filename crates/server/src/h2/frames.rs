@@ -14,6 +14,7 @@ use tlsgate_config::{FrameRate, Http2};
 pub const PREFACE_LEN: usize = 24;
 
 /// Frame types and flags (RFC 9113 §6).
+#[allow(missing_docs)] // Each is the RFC's name.
 pub mod frame {
     pub const DATA: u8 = 0x0;
     pub const HEADERS: u8 = 0x1;
@@ -235,7 +236,11 @@ impl SentFrames {
     }
 
     /// Follows `bytes`; `ended(frame, code)` for each RST_STREAM or GOAWAY.
-    pub fn observe(&mut self, mut bytes: &[u8], ended: &mut impl FnMut(&'static str, &'static str)) {
+    pub fn observe(
+        &mut self,
+        mut bytes: &[u8],
+        ended: &mut impl FnMut(&'static str, &'static str),
+    ) {
         while !bytes.is_empty() {
             if self.payload_left > 0 {
                 let mut n = self.payload_left.min(bytes.len());

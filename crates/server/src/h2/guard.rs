@@ -31,8 +31,6 @@ use super::frames::{ClientFrames, SentFrames};
 /// Sent bytes that earn one control frame.
 const BYTES_PER_CONTROL_FRAME: usize = 1024;
 
-
-
 /// What the connection loop learns from the stream.
 #[derive(Default)]
 pub(super) struct Alarm {
@@ -99,10 +97,6 @@ impl Alarm {
         }
     }
 }
-
-
-
-
 
 /// The TLS connection under h2, shared between h2's I/O ([`GuardedIo`])
 /// and the connection loop, which sends the records ([`poll_send_records`]).
