@@ -43,6 +43,14 @@ const PROTOCOL: &str = "h2";
 const STALL_CHECK: Duration = Duration::from_secs(1);
 /// How long a connection that is being closed may take to send its GOAWAY.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long after a graceful GOAWAY new streams are still taken. `h2`
+/// first sends GOAWAY naming no stream and a PING, and names the last
+/// stream it takes only once the PING is answered (RFC 9113 §6.8): a
+/// client that never answers could open streams for ever, past
+/// `max_requests_per_connection` and on a generation a reload retired.
+/// After this, new streams are refused (REFUSED_STREAM, safe to retry
+/// elsewhere) and the connection ends once the open ones are done.
+const DRAIN_ACK_WAIT: Duration = Duration::from_secs(5);
 /// DATA payload that fills a TLS record (2^14 bytes of plaintext) with
 /// its frame header.
 const FRAME_IN_RECORD: usize = 16_384 - 9;
@@ -120,6 +128,9 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     }
     // When a connection being closed for a limit must be gone.
     let mut hard_deadline: Option<tokio::time::Instant> = None;
+    // Since draining began, once `DRAIN_ACK_WAIT` passes: no new streams.
+    let mut refuse_after: Option<tokio::time::Instant> = None;
+    let mut refusing = false;
     let mut end = End::Done;
     let idle = tokio::time::sleep(h2c.idle_timeout);
     tokio::pin!(idle);
@@ -127,6 +138,14 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     stall_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     'serve: loop {
+        if draining && refuse_after.is_none() {
+            refuse_after = Some(tokio::time::Instant::now() + DRAIN_ACK_WAIT);
+        }
+        if refusing && streams.is_empty() && hard_deadline.is_none() {
+            // GOAWAY naming the last stream taken, and the end.
+            connection.abrupt_shutdown(Reason::NO_ERROR);
+            hard_deadline = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+        }
         let deadline =
             hard_deadline.unwrap_or_else(|| tokio::time::Instant::now() + h2c.idle_timeout);
         // Biased, streams before the connection: every response that is
@@ -164,6 +183,10 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                 let mut next = Some(accepted);
                 while let Some(accepted) = next.take() {
                     match accepted {
+                        Some(Ok((_, mut respond))) if refusing => {
+                            respond.send_reset(Reason::REFUSED_STREAM);
+                            next = connection.accept().now_or_never();
+                        }
                         Some(Ok((req, respond))) => {
                             served += 1;
                             m.h2_streams.inc();
@@ -206,6 +229,11 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                     // Nothing more can be sent: no GOAWAY, no linger.
                     return End::Done;
                 }
+            }
+            () = tokio::time::sleep_until(refuse_after.unwrap_or(deadline)),
+                if refuse_after.is_some() && !refusing && hard_deadline.is_none() =>
+            {
+                refusing = true;
             }
             () = tokio::time::sleep_until(deadline), if hard_deadline.is_some() => break,
             // Last: what every branch above wrote in this turn, in one go.

@@ -877,8 +877,33 @@ fn zero_window_reader_is_reset_after_the_send_timeout() {
 fn a_trickling_reader_is_reset_for_too_little_progress() {
     let f = Fixture::new();
     let s = flood_server(&f, "");
+    trickle_is_reset(&s, "/big.bin");
+    s.expect_metric_line("tlsgate_timeouts_total{reason=\"h2_stream_send\"} 1\n");
+}
+
+/// The same for a proxied answer: each wait for the client's window used
+/// to get a send timeout of its own, so a client granting 100 bytes
+/// before each timeout held the stream, and the upstream connection
+/// leased to it, for as long as it liked. Now the waits add up to the
+/// send timeout until a record's worth has gone.
+#[test]
+fn a_trickling_reader_of_a_proxied_answer_is_reset_for_too_little_progress() {
+    use common::upstream::{pool, route, Upstream};
+    let f = Fixture::new();
+    let up = Upstream::start("a", None);
+    let pools = pool("app", &[(up.address(), 1)], "", "");
+    let top = format!("[access_log]\ntarget = \"off\"\n[limits]\nsend_timeout = \"2s\"\n{pools}");
+    let s = Server::start(&f, &config(&f, &top, &route("/gen", "app", "")));
+    trickle_is_reset(&s, "/gen?n=1048576");
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+/// GETs `path` (a large body) with windows of 100 bytes, opened by 100
+/// every 400 ms, and expects the stream reset with CANCEL after the 2 s
+/// send timeout, having sent less than a record.
+fn trickle_is_reset(s: &Server, path: &str) {
     let mut first = preface(&[(0x4, 100)]);
-    first.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/big.bin")));
+    first.extend(frame(frame::HEADERS, 0x5, 1, &get_block(path)));
     let mut batches = vec![first];
     for _ in 0..10 {
         let mut grant = frame(frame::WINDOW_UPDATE, 0, 1, &100u32.to_be_bytes());
@@ -887,7 +912,7 @@ fn a_trickling_reader_is_reset_for_too_little_progress() {
     }
     let t0 = Instant::now();
     let seen = flood_case_paced(
-        &s,
+        s,
         batches,
         Duration::from_millis(400),
         Duration::from_secs(5),
@@ -896,7 +921,54 @@ fn a_trickling_reader_is_reset_for_too_little_progress() {
     assert_eq!(seen.resets, vec![(1, CANCEL)], "{seen:?}");
     assert!(seen.data_bytes < 16 * 1024, "{seen:?}");
     assert!(t0.elapsed() >= Duration::from_secs(2));
-    s.expect_metric_line("tlsgate_timeouts_total{reason=\"h2_stream_send\"} 1\n");
+}
+
+/// A graceful GOAWAY (here for `max_requests_per_connection`) names the
+/// last stream only once the client answers its PING. A client that
+/// never answers used to be served every stream it opened after it, for
+/// as long as it liked. Now streams opened 5 s after the GOAWAY are
+/// refused (REFUSED_STREAM), and the connection ends once none is open.
+#[test]
+fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
+    const REFUSED_STREAM: u32 = 0x7;
+    let f = Fixture::new();
+    let s = Server::start(
+        &f,
+        &config(
+            &f,
+            "[access_log]\ntarget = \"off\"\n[limits]\nmax_requests_per_connection = 1\n",
+            "",
+        ),
+    );
+    // A stream within the 5 s is still served; then the connection ends.
+    let mut first = preface(&[]);
+    first.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/hello.txt")));
+    let second = frame(frame::HEADERS, 0x5, 3, &get_block("/hello.txt"));
+    let t0 = Instant::now();
+    let seen = flood_case_paced(
+        &s,
+        vec![first, second],
+        Duration::from_secs(2),
+        Duration::from_secs(12),
+        2,
+    );
+    assert_eq!(seen.data_bytes, 2 * HELLO.len(), "{seen:?}");
+    assert!(seen.closed, "{seen:?}");
+    assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
+    // A stream opened later, while another (its window shut) is still
+    // open, is refused.
+    let mut first = preface(&[(0x4, 0)]);
+    first.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/big.bin")));
+    let second = frame(frame::HEADERS, 0x5, 3, &get_block("/hello.txt"));
+    let seen = flood_case_paced(
+        &s,
+        vec![first, second],
+        Duration::from_secs(6),
+        Duration::from_secs(8),
+        2,
+    );
+    assert_eq!(seen.resets, vec![(3, REFUSED_STREAM)], "{seen:?}");
+    assert_eq!(seen.data_bytes, 0, "{seen:?}");
 }
 
 #[test]

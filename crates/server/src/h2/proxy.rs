@@ -97,6 +97,8 @@ pub(super) async fn serve(
         respond: &respond,
         send: None,
         send_timeout: limits.send_timeout,
+        waited: Duration::ZERO,
+        progress: 0,
     };
     let outcome = tlsgate_proxy::forward_stream(pool, &req, &mut body, &mut client).await;
     // The request body is not read any further.
@@ -335,6 +337,14 @@ struct Stream<'r> {
     /// Once the head is sent.
     send: Option<SendStream<Bytes>>,
     send_timeout: Duration,
+    /// Time spent waiting for the client's window since it last took a
+    /// record's worth of the body: the send timeout bounds the sum, so a
+    /// client opening its window a byte at a time, each just before the
+    /// timeout, holds neither the stream nor its upstream connection
+    /// (as for files, `send_file`). Waits for the upstream do not count.
+    waited: Duration,
+    /// Bytes granted since `waited` was last cleared.
+    progress: usize,
 }
 
 impl Responder for Stream<'_> {
@@ -377,9 +387,11 @@ impl Responder for Stream<'_> {
             send.reserve_capacity(data.len());
             let mut granted = send.capacity();
             while granted == 0 {
-                match tokio::time::timeout(self.send_timeout, poll_fn(|c| send.poll_capacity(c)))
-                    .await
-                {
+                let budget = self.send_timeout.saturating_sub(self.waited);
+                let started = Instant::now();
+                let r = tokio::time::timeout(budget, poll_fn(|c| send.poll_capacity(c))).await;
+                self.waited += started.elapsed();
+                match r {
                     Err(_) => {
                         send.send_reset(Reason::CANCEL);
                         return Err(SendError::Timeout);
@@ -389,6 +401,11 @@ impl Responder for Stream<'_> {
                 }
             }
             let mut piece = data.split_to(granted.min(data.len()));
+            self.progress += piece.len();
+            if self.progress >= FRAME_IN_RECORD {
+                self.waited = Duration::ZERO;
+                self.progress = 0;
+            }
             // One DATA frame per TLS record (see `send_file`).
             while piece.len() > FRAME_IN_RECORD {
                 let frame = piece.split_to(FRAME_IN_RECORD);
