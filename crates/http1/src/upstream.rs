@@ -268,6 +268,9 @@ struct Framing {
     te_seen: bool,
     te_chunked_last: bool,
     te_chunked_count: usize,
+    /// A coding other than chunked (gzip, say): the proxy removes the
+    /// transfer codings, so it would have to decode it (RFC 9112 §6.1).
+    te_other: bool,
     close: bool,
     keep_alive: bool,
 }
@@ -296,6 +299,7 @@ impl Framing {
                     }
                     f.te_chunked_count += usize::from(chunked);
                     f.te_chunked_last = chunked;
+                    f.te_other |= !chunked;
                 }
             } else if name.eq_ignore_ascii_case(b"connection") {
                 for option in syntax::list_elements(value) {
@@ -321,7 +325,10 @@ impl Framing {
             return Err(ResponseError::ContentLengthWithTransferEncoding);
         }
         if self.te_seen
-            && (version == Version::Http10 || self.te_chunked_count != 1 || !self.te_chunked_last)
+            && (version == Version::Http10
+                || self.te_chunked_count != 1
+                || !self.te_chunked_last
+                || self.te_other)
         {
             return Err(ResponseError::InvalidTransferEncoding);
         }
@@ -437,6 +444,9 @@ mod tests {
             ("HTTP/1.1 200 OK\r\nContent-Length: +3\r\n\r\n", InvalidContentLength),
             ("HTTP/1.1 200 OK\r\nContent-Length: \r\n\r\n", InvalidContentLength),
             ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", InvalidTransferEncoding),
+            // A coding the proxy would strip without decoding it.
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", InvalidTransferEncoding),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n", InvalidTransferEncoding),
             ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", InvalidTransferEncoding),
             ("HTTP/1.1 200 OK\r\nTransfer-Encoding: xchunked\r\n\r\n", InvalidTransferEncoding),
             ("HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", InvalidTransferEncoding),

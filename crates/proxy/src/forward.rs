@@ -692,7 +692,9 @@ pub async fn forward<D: Downstream + Send>(
     let deadline = pool.cfg.total_timeout.map(|d| t0 + d);
     let head = r.head;
     if matches!(head.method(), Method::Connect) {
-        return refused(405, "connect_refused", None, true);
+        // Closed after: what follows a CONNECT (its body, or the bytes of
+        // the tunnel the client expects) is never read as a request.
+        return refused(405, "connect_refused", None, false);
     }
     if let BodyFraming::ContentLength(n) = head.body() {
         if n > r.max_body {
@@ -773,7 +775,9 @@ pub async fn forward_stream<B: RequestBody, S: Responder>(
     // CONNECT (and extended CONNECT, RFC 8441, whose setting is not
     // offered) would need a tunnel over the stream: not proxied.
     if matches!(r.method, Method::Connect) {
-        return refused(405, "connect_refused", None, true);
+        // Closed after: what follows a CONNECT (its body, or the bytes of
+        // the tunnel the client expects) is never read as a request.
+        return refused(405, "connect_refused", None, false);
     }
     if r.content_length.is_some_and(|n| n > r.max_body) {
         return refused(413, "body_too_large", None, false);

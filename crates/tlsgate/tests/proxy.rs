@@ -708,6 +708,11 @@ fn smuggling_shaped_requests_never_reach_the_upstream() {
         b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nGET /id HTTP/1.1\r\n\r\n",
         b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n",
         b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+        // CONNECT is refused, and what follows it (a body, or the tunnel's
+        // first bytes) is not read as a request.
+        b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\nContent-Length: 29\r\n\r\nGET /id HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /id HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\nGET /id HTTP/1.1\r\nHost: a\r\n\r\n",
     ];
     for case in cases {
         let answer = common::raw_exchange(server.addr, case);
@@ -827,6 +832,7 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
         "/bad/cr",
         "/bad/nul",
         "/bad/te",
+        "/bad/gzipte",
         "/bad/fold",
         "/bad/204body",
     ] {
@@ -896,7 +902,7 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     );
     assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
     server.expect_metric_line(
-        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 8",
+        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 9",
     );
 }
 
