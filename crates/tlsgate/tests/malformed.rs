@@ -1098,6 +1098,42 @@ fn pipelined_requests_are_answered_in_order() {
     assert_eq!(resps[1].body_str(), INDEX);
     assert_eq!(resps[2].header("connection"), Some("close"));
 
+    // A request whose body is still to come: the answers before it leave
+    // at once (they waited for that body, or for its timeout, and were
+    // lost with the connection then). With `Expect: 100-continue` the
+    // client gets the interim answer first, then the final one once the
+    // body is in; an HTTP/1.0 client's expectation is ignored.
+    let mut s = tls_connect(srv.addr);
+    s.sock
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("set_read_timeout");
+    s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\nGET /index.html HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\nhello")
+        .unwrap();
+    s.flush().unwrap();
+    let before = read_answer(&mut s);
+    assert!(!before.closed, "{}", show(&before.bytes));
+    let (resps, rest) = parse_responses(&before.bytes, &[]);
+    assert_eq!(status_list(&resps), [200, 100], "{}", show(&before.bytes));
+    assert_eq!(resps[0].body_str(), HELLO);
+    assert!(before.bytes.ends_with(b"HTTP/1.1 100 Continue\r\n\r\n"));
+    assert!(rest.is_empty(), "{}", show(&before.bytes));
+    s.write_all(b"world").unwrap();
+    s.flush().unwrap();
+    let after = read_answer(&mut s);
+    let (resps, rest) = parse_responses(&after.bytes, &[]);
+    assert_eq!(status_list(&resps), [200], "{}", show(&after.bytes));
+    assert_eq!(resps[0].body_str(), INDEX);
+    assert!(rest.is_empty(), "{}", show(&after.bytes));
+    let mut s = tls_connect(srv.addr);
+    s.sock
+        .set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("set_read_timeout");
+    s.write_all(b"GET /hello.txt HTTP/1.0\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        .unwrap();
+    s.flush().unwrap();
+    let ignored = read_answer(&mut s);
+    assert!(ignored.bytes.is_empty(), "{}", show(&ignored.bytes));
+
     // HTTP/1.0 keep-alive is honoured, and its absence closes.
     let req = b"GET /hello.txt HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /index.html HTTP/1.0\r\n\r\nGET /hello.txt HTTP/1.0\r\n\r\n";
     let resps = expect_responses(srv, req, &[]);
