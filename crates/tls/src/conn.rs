@@ -975,12 +975,17 @@ impl TlsConnection {
             Some(rustls::SupportedCipherSuite::Tls12(s)) => s.common.confidentiality_limit,
             None => 0,
         };
-        self.flush().await?;
-        tokio::time::timeout(wait, self.read_to_record_end())
-            .await
-            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
-        // Answers rustls queued while decrypting (a KeyUpdate's, say).
-        self.flush().await?;
+        // One deadline for the whole wait: a client that stops reading
+        // with an answer queued (to a KeyUpdate, say) cannot hold the
+        // switch, and the connection, past it.
+        tokio::time::timeout(wait, async {
+            self.flush().await?;
+            self.read_to_record_end().await?;
+            // Answers rustls queued while decrypting.
+            self.flush().await
+        })
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         let Layer::User(tls) = std::mem::replace(&mut self.layer, Layer::Gone) else {
             return Err(gone().into());
         };
