@@ -85,7 +85,7 @@ impl OpenFileCache {
         // Never held across `lookup`: nothing else borrows it meanwhile,
         // but a short borrow keeps that obvious.
         if let Some(hit) = cell.borrow_mut().get(raw_path) {
-            if now.saturating_duration_since(hit.opened) < self.opts.valid {
+            if now.saturating_duration_since(hit.opened) < self.opts.valid && hit.file.unchanged() {
                 return Ok(Found::File(Arc::clone(&hit.file)));
             }
         }
@@ -202,6 +202,30 @@ mod tests {
         assert!(!Arc::ptr_eq(&old, &after));
         assert_eq!(body(&after), "replaced");
         assert_ne!(old.meta.etag, after.meta.etag);
+    }
+
+    /// A file written in place keeps its descriptor but not its length:
+    /// served with the length and ETag of its entry, a grown file would
+    /// go out cut to its old length under its old ETag, looking whole.
+    #[test]
+    fn a_file_modified_in_place_is_looked_up_again_at_once() {
+        use std::io::Write as _;
+        let (tmp, root, cache) = setup(8);
+        let t0 = Instant::now();
+        let old = file(get(&root, &cache, b"/a.txt", t0));
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join("a.txt"))
+            .unwrap();
+        f.write_all(b", world").unwrap();
+        let within = file(get(&root, &cache, b"/a.txt", t0 + VALID / 2));
+        assert!(!Arc::ptr_eq(&old, &within));
+        assert_eq!(within.meta.len, 12);
+        assert_eq!(body(&within), "hello, world");
+        assert_ne!(old.meta.etag, within.meta.etag);
+        // The new entry is kept as any other.
+        let again = file(get(&root, &cache, b"/a.txt", t0 + VALID / 2));
+        assert!(Arc::ptr_eq(&within, &again));
     }
 
     #[test]

@@ -125,6 +125,17 @@ impl StaticFile {
         let from = usize::try_from(start).ok()?;
         self.contents.as_deref()?.get(from..from.checked_add(len)?)
     }
+
+    /// Whether what is served of it still agrees with the file: kept bytes
+    /// always do; otherwise its length and modification time must not
+    /// have moved since `meta` was taken (one `fstat`), or a file written
+    /// in place would go out with a stale length under a stale ETag.
+    pub(crate) fn unchanged(&self) -> bool {
+        self.contents.is_some()
+            || self.file.metadata().is_ok_and(|md| {
+                md.len() == self.meta.len && md.modified().ok() == Some(self.meta.modified)
+            })
+    }
 }
 
 /// A decoded and normalised request path.
