@@ -72,6 +72,7 @@ pub struct ResponseHead {
     fields: Vec<(Span, Span)>,
     framing: ResponseFraming,
     keep_alive: bool,
+    declared_length: Option<u64>,
 }
 
 impl ResponseHead {
@@ -88,6 +89,13 @@ impl ResponseHead {
     /// How the body is framed.
     pub fn framing(&self) -> ResponseFraming {
         self.framing
+    }
+
+    /// The Content-Length the head declares (a list of equal values read
+    /// as its one value), whether or not a body follows: what a HEAD or
+    /// 304 answer describes.
+    pub fn declared_length(&self) -> Option<u64> {
+        self.declared_length
     }
 
     /// Whether the upstream lets the connection be reused after the body.
@@ -161,6 +169,7 @@ pub fn parse_response(
             Version::Http11 => !framing_info.close,
             Version::Http10 => framing_info.keep_alive && !framing_info.close,
         },
+        declared_length: framing_info.length,
     }))
 }
 

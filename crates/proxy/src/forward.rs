@@ -498,6 +498,17 @@ struct Failed {
     server: Option<usize>,
 }
 
+/// The Content-Length a bodiless answer passes on: HEAD and 304 answers
+/// keep the length they describe, as one value; 1xx and 204 answers carry
+/// none (RFC 9110 §8.6), whatever the server sent (`0` passes the parser).
+fn described_length(resp: &ResponseHead) -> Option<u64> {
+    let status = resp.status();
+    if status < 200 || status == 204 {
+        return None;
+    }
+    resp.declared_length()
+}
+
 fn refused(status: u16, reason: &'static str, server: Option<String>, body_done: bool) -> Outcome {
     Outcome::Refused {
         status,
@@ -1494,9 +1505,8 @@ async fn relay<D: Downstream>(
     match framing {
         ResponseFraming::Length(n) => write_header_u64(out, "Content-Length", n),
         ResponseFraming::None => {
-            // HEAD and 304 answers keep the length they describe.
-            if let Some(cl) = resp.header("content-length") {
-                write_header(out, "Content-Length", cl);
+            if let Some(n) = described_length(&resp) {
+                write_header_u64(out, "Content-Length", n);
             }
         }
         _ if close_delimited => {}
@@ -1624,8 +1634,7 @@ async fn relay_stream<B: RequestBody, S: Responder>(
     let framing = resp.framing();
     let length = match framing {
         ResponseFraming::Length(n) => Some(n.to_string().into_bytes()),
-        // HEAD and 304 answers keep the length they describe.
-        ResponseFraming::None => resp.header("content-length").map(<[u8]>::to_vec),
+        ResponseFraming::None => described_length(&resp).map(|n| n.to_string().into_bytes()),
         _ => None,
     };
     let mut fields = response_fields(&resp).chain(length.as_deref().map(|l| ("content-length", l)));

@@ -906,6 +906,36 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     );
 }
 
+/// A bodiless answer passes on the length it describes as one value
+/// (HEAD), and a 204 none at all (RFC 9110 §8.6), whatever the server's
+/// head said: a list of equal lengths and a `Content-Length: 0` on a 204
+/// both pass the parser, and were relayed as sent.
+#[test]
+fn bodiless_answers_carry_one_length_or_none() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let r = get(&mut s, "/listlen", "").unwrap();
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
+    assert!(r.head.contains("Content-Length: 2\r\n"), "{}", r.head);
+    s.write_all(b"HEAD /listlen HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    s.flush().unwrap();
+    let r = read_response(&mut s, true).unwrap();
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert!(r.head.contains("Content-Length: 2\r\n"), "{}", r.head);
+    let r = get(&mut s, "/204len", "").unwrap();
+    assert_eq!(r.status, 204, "{}", r.head);
+    assert!(
+        !r.head.to_ascii_lowercase().contains("content-length"),
+        "{}",
+        r.head
+    );
+    assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
+}
+
 #[test]
 fn a_large_answer_takes_one_write_to_the_client_and_no_failed_read() {
     // A 64 KiB answer used to cost two writes to the client (64 KiB of

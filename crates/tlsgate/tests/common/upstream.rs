@@ -414,6 +414,8 @@ fn serve_conn(
             // Chunked last, and well formed: but a coding the proxy would
             // strip without decoding it.
             "/bad/gzipte" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n".to_vec(),
+            "/listlen" => b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok".to_vec(),
+            "/204len" => b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n".to_vec(),
             "/bad/101" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n".to_vec(),
             "/ws" => {
                 let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n";
