@@ -518,6 +518,10 @@ fn refused(status: u16, reason: &'static str, server: Option<String>, body_done:
     }
 }
 
+/// Tries again after stale keep-alive connections, beyond `retries`: a
+/// server that closed its idle connections may have closed several.
+const STALE_RETRIES: usize = 2;
+
 /// Sends `p` to a server of `pool` (retrying as allowed) with the body
 /// from `body`, and reads the final response head.
 async fn exchange<'p, B: RequestBody>(
@@ -529,8 +533,18 @@ async fn exchange<'p, B: RequestBody>(
     let may_retry_sent = idempotent(p.method) && p.replay.is_some();
     let mut tried: Vec<usize> = Vec::new();
     let mut last: Option<Failed> = None;
-    let attempts = 1 + pool.cfg.retries as usize;
-    for _ in 0..attempts {
+    let mut attempts = 1 + pool.cfg.retries as usize;
+    // Tries again on a stale keep-alive connection (which took nothing of
+    // the request) are not among the `retries`, up to this many.
+    let mut stale_left = STALE_RETRIES;
+    let mut stale = |attempts: &mut usize| {
+        if stale_left > 0 {
+            stale_left -= 1;
+            *attempts += 1;
+        }
+    };
+    while attempts > 0 {
+        attempts -= 1;
         let Some(mut lease) = pool.choose(&tried, p.key) else {
             break;
         };
@@ -599,6 +613,7 @@ async fn exchange<'p, B: RequestBody>(
                 // the request was taken, so any request may go again, to
                 // the same server on a new connection.
                 tried.pop();
+                stale(&mut attempts);
                 continue;
             }
             if may_retry_sent {
@@ -655,6 +670,7 @@ async fn exchange<'p, B: RequestBody>(
                     // (a stale keep-alive one: to the same server).
                     if reused {
                         tried.pop();
+                        stale(&mut attempts);
                     }
                     continue;
                 }

@@ -1306,23 +1306,29 @@ fn websocket_upgrades_pass_through_until_idle() {
 
 #[test]
 fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
-    let fx = Fixture::new();
-    let a = Upstream::start("a", None);
-    let pools = pool("app", &[(a.address(), 1)], "", "");
-    let server = start(&fx, "", &pools, &route("/", "app", ""));
-    let mut s = tls_connect(server.addr);
-    for round in 1..=3 {
-        assert_eq!(get(&mut s, "/then-drop", "").unwrap().status, 200);
-        // The pooled connection dies under this request: one server, so
-        // the retry goes to it again on a new connection.
-        let r = get(&mut s, "/id", "").unwrap();
-        assert_eq!((r.status, body_text(&r).as_str()), (200, "a"), "{}", r.head);
-        assert_eq!(a.conns.load(Ordering::Relaxed), round + 1);
+    // `retries = 0` too: that retry resends nothing a server took, so it
+    // is not one of those the key counts (it used to spend the only
+    // attempt, and the client got 502).
+    for keys in ["", "retries = 0"] {
+        let fx = Fixture::new();
+        let a = Upstream::start("a", None);
+        let pools = pool("app", &[(a.address(), 1)], keys, "");
+        let server = start(&fx, "", &pools, &route("/", "app", ""));
+        let mut s = tls_connect(server.addr);
+        for round in 1..=3 {
+            assert_eq!(get(&mut s, "/then-drop", "").unwrap().status, 200);
+            // The pooled connection dies under this request: one server, so
+            // the retry goes to it again on a new connection.
+            let r = get(&mut s, "/id", "").unwrap();
+            let got = (r.status, body_text(&r));
+            assert_eq!((got.0, got.1.as_str()), (200, "a"), "{keys}: {}", r.head);
+            assert_eq!(a.conns.load(Ordering::Relaxed), round + 1, "{keys}");
+        }
+        server.expect_metric_line(&format!(
+            "tlsgate_upstream_retries_total{{pool=\"app\",server=\"{}\"}} 3",
+            a.address()
+        ));
     }
-    server.expect_metric_line(&format!(
-        "tlsgate_upstream_retries_total{{pool=\"app\",server=\"{}\"}} 3",
-        a.address()
-    ));
 }
 
 #[test]
