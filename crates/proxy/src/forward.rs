@@ -1561,7 +1561,7 @@ async fn relay<D: Downstream>(
         let done = match step {
             Ok(done) => done,
             Err(f) => {
-                pool.failed(lease.server, f);
+                pool.failed_relaying(lease.server, f);
                 // What was read before the failure (the head, at least)
                 // still goes out: the cut shows as a short body.
                 if !out.is_empty() {
@@ -1719,7 +1719,7 @@ async fn relay_stream<B: RequestBody, S: Responder>(
         Err(Cut::Cancelled) => return aborted(sent, SendError::Gone.reason()),
         Err(Cut::Client(e)) => return aborted(sent, e.reason()),
         Err(Cut::Upstream(f)) => {
-            pool.failed(lease.server, f);
+            pool.failed_relaying(lease.server, f);
             client.abort();
             return aborted(sent, f.reason());
         }

@@ -444,6 +444,18 @@ impl Pool {
         }
     }
 
+    /// A failure while a response body was relayed: as [`Self::failed`],
+    /// except that a total timeout is only counted. The exchange's time
+    /// also ran while the client took the body, so a client reading slowly
+    /// (on purpose, say, several at once) would put servers out of service.
+    pub(crate) fn failed_relaying(&self, i: usize, f: Failure) {
+        match (f, self.servers.get(i)) {
+            (Failure::TotalTimeout, Some(s)) => s.series.count_error(f.reason()),
+            (Failure::TotalTimeout, None) => {}
+            _ => self.failed(i, f),
+        }
+    }
+
     /// Counts a failure against server `i` (passive checks): after
     /// `max_fails` in a row it is out for `fail_timeout`.
     pub(crate) fn failed(&self, i: usize, f: Failure) {

@@ -391,6 +391,51 @@ fn total_timeout_bounds_a_stalled_upload() {
     server.wait_access_line(&["\" 408 ", "upstream_error=total_timeout"]);
 }
 
+/// A total timeout that passes while the body is relayed cuts the
+/// answer, and is counted, but puts no server out of service: the
+/// exchange's time also runs while the client takes the body, so clients
+/// reading slowly (several at once, on purpose) could otherwise take a
+/// pool's servers out one by one. Slow servers are caught by
+/// `response_timeout` and `idle_timeout`, which mark them.
+#[test]
+fn a_total_timeout_mid_body_puts_no_server_out() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let pools = pool(
+        "app",
+        &[(a.address(), 1), (b.address(), 1)],
+        "total_timeout = \"1s\"\nmax_fails = 1",
+        "",
+    );
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    for _ in 0..2 {
+        let answer = common::raw_exchange(server.addr, b"GET /drip HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert!(!answer.ends_with("0\r\n\r\n"), "not cut: {answer}");
+    }
+    server.wait_access_line(&["upstream_error=total_timeout"]);
+    // Counted (against whichever servers the two went to)...
+    let counted = |t: &str| -> u64 {
+        t.lines()
+            .filter(|l| {
+                l.starts_with("tlsgate_upstream_errors_total{")
+                    && l.contains("kind=\"total_timeout\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let text = server.metrics_when(|t| counted(t) >= 2);
+    assert_eq!(counted(&text), 2, "{text}");
+    // ...and no server out.
+    for up in [&a, &b] {
+        server.expect_metric_line(&format!(
+            "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1\n",
+            up.address()
+        ));
+    }
+}
+
 #[test]
 fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
     let fx = Fixture::new();

@@ -396,6 +396,20 @@ fn serve_conn(
                 let _ = io.write_all(&r).and_then(|()| io.flush());
                 return;
             }
+            // A chunk every 300 ms for 3 s: a body slower than a client.
+            "/drip" => {
+                let _ = io
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .and_then(|()| io.flush());
+                for _ in 0..10 {
+                    std::thread::sleep(Duration::from_millis(300));
+                    if io.write_all(b"4\r\ndrip\r\n").and_then(|()| io.flush()).is_err() {
+                        return;
+                    }
+                }
+                let _ = io.write_all(b"0\r\n\r\n").and_then(|()| io.flush());
+                return;
+            }
             "/echo" => chunked(&body),
             "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
             "/len" => ok(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
