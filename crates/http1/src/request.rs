@@ -201,6 +201,30 @@ impl RequestHead {
             .map(|f| f.value.slice(&self.raw))
     }
 
+    /// Every line of the header named `name`, joined with ", " as one
+    /// list (RFC 9110 §5.3); borrowed unless the field is repeated.
+    pub fn joined(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {
+        let mut values = self
+            .fields
+            .iter()
+            .filter(|f| {
+                f.name
+                    .slice(&self.raw)
+                    .eq_ignore_ascii_case(name.as_bytes())
+            })
+            .map(|f| f.value.slice(&self.raw));
+        let first = values.next()?;
+        let Some(second) = values.next() else {
+            return Some(std::borrow::Cow::Borrowed(first));
+        };
+        let mut all = first.to_vec();
+        for v in std::iter::once(second).chain(values) {
+            all.extend_from_slice(b", ");
+            all.extend_from_slice(v);
+        }
+        Some(std::borrow::Cow::Owned(all))
+    }
+
     /// All header fields in order, names as sent, values OWS-trimmed.
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
         self.fields.iter().map(move |f| {

@@ -28,8 +28,9 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use h2::server::{Builder, SendResponse};
 use h2::{Reason, RecvStream, SendStream};
+use http::header::AsHeaderName;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
-use tlsgate_files::{Preconditions, StaticFile};
+use tlsgate_files::StaticFile;
 use tlsgate_http1::Method;
 use tlsgate_metrics::ReasonLabel;
 use tlsgate_tls::TlsConnection;
@@ -288,12 +289,12 @@ impl Drop for OpenStream<'_> {
 }
 
 /// A request header's value; repeated fields joined with ", " (RFC 9110 §5.3).
-fn joined(headers: &HeaderMap, name: &HeaderName) -> Option<Vec<u8>> {
+fn joined(headers: &HeaderMap, name: impl AsHeaderName) -> Option<Vec<u8>> {
     joined_with(headers, name, b", ")
 }
 
 /// A request header's fields joined with `sep` (cookies take "; ").
-fn joined_with(headers: &HeaderMap, name: &HeaderName, sep: &[u8]) -> Option<Vec<u8>> {
+fn joined_with(headers: &HeaderMap, name: impl AsHeaderName, sep: &[u8]) -> Option<Vec<u8>> {
     let mut values = headers.get_all(name).iter();
     let first = values.next()?;
     let mut out = first.as_bytes().to_vec();
@@ -352,15 +353,7 @@ async fn serve_stream(
         .as_bytes();
     let path = parts.uri.path().as_bytes();
     let h = &parts.headers;
-    let conditionals = [
-        header::IF_MATCH,
-        header::IF_NONE_MATCH,
-        header::IF_MODIFIED_SINCE,
-        header::IF_UNMODIFIED_SINCE,
-        header::IF_RANGE,
-        header::RANGE,
-    ]
-    .map(|name| joined(h, &name));
+    let conditionals = crate::respond::CONDITIONAL_FIELDS.map(|name| joined(h, name));
     let referer = joined(h, &header::REFERER);
     let user_agent = joined(h, &header::USER_AGENT);
     let logged = Logged {
@@ -534,19 +527,11 @@ fn request<'a>(
     path: &'a [u8],
     c: &'a [Option<Vec<u8>>; 6],
 ) -> Request<'a> {
-    let [if_match, if_none_match, if_modified_since, if_unmodified_since, if_range, range] = c;
     Request {
         method,
         path,
         query: uri.query().map(str::as_bytes),
-        pre: Preconditions {
-            if_match: if_match.as_deref(),
-            if_none_match: if_none_match.as_deref(),
-            if_modified_since: if_modified_since.as_deref(),
-            if_unmodified_since: if_unmodified_since.as_deref(),
-            if_range: if_range.as_deref(),
-            range: range.as_deref(),
-        },
+        pre: crate::respond::preconditions(c),
     }
 }
 

@@ -5,7 +5,6 @@
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant, SystemTime};
 
-use tlsgate_files::Preconditions;
 use tlsgate_http1::{
     end_head, parse_request, write_header, write_status_line, BodyFraming, ChunkedDecoder, Limits,
     Method, RequestHead, Version,
@@ -475,18 +474,13 @@ async fn respond<T: Transport + Send>(
 ) -> Result<Answered, End> {
     let is_head = head.method() == &Method::Head;
     let http10 = head.version() == Version::Http10;
+    // Repeated lines are one list (`If-None-Match: "a"` then `"b"`).
+    let conditionals = respond::CONDITIONAL_FIELDS.map(|name| head.joined(name));
     let req = Request {
         method: head.method(),
         path: head.path(),
         query: head.query(),
-        pre: Preconditions {
-            if_match: head.header("if-match"),
-            if_none_match: head.header("if-none-match"),
-            if_modified_since: head.header("if-modified-since"),
-            if_unmodified_since: head.header("if-unmodified-since"),
-            if_range: head.header("if-range"),
-            range: head.header("range"),
-        },
+        pre: respond::preconditions(&conditionals),
     };
     let reply = decide(cx, root, &req);
     let status = reply.status();

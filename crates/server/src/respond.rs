@@ -17,6 +17,32 @@ use crate::access_log::{self, Record};
 use crate::generation::{Generation, Site};
 use crate::Shared;
 
+/// The request fields the file core's preconditions read, in the order
+/// [`preconditions`] takes their values.
+pub(crate) const CONDITIONAL_FIELDS: [&str; 6] = [
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+    "range",
+];
+
+/// The core's preconditions from the values of [`CONDITIONAL_FIELDS`]
+/// (repeated lines of each joined into one list, RFC 9110 §5.3).
+pub(crate) fn preconditions<V: AsRef<[u8]>>(values: &[Option<V>; 6]) -> Preconditions<'_> {
+    let [if_match, if_none_match, if_modified_since, if_unmodified_since, if_range, range] =
+        values.each_ref().map(|v| v.as_ref().map(AsRef::as_ref));
+    Preconditions {
+        if_match,
+        if_none_match,
+        if_modified_since,
+        if_unmodified_since,
+        if_range,
+        range,
+    }
+}
+
 /// Everything a connection's protocol loop needs to know.
 pub(crate) struct HttpCtx<'a> {
     pub gen: &'a Generation,

@@ -299,18 +299,16 @@ fn ranges_and_conditionals_with_curl() {
     let last_modified = header("Last-Modified");
     assert_eq!(header("Content-Type"), "text/plain; charset=utf-8");
     assert!(!header("Date").is_empty() && header("Server") == "tlsgate");
-    let code = |extra: &str| {
-        let out = s.curl(&[
-            "-H",
-            extra,
-            "-o",
-            "/dev/null",
-            "-w",
-            "%{http_code}",
-            &s.url("/hello.txt"),
-        ]);
-        String::from_utf8_lossy(&out.stdout).to_string()
+    let url = s.url("/hello.txt");
+    let codes = |extra: &[&str]| {
+        let mut args = Vec::new();
+        for h in extra {
+            args.extend(["-H", *h]);
+        }
+        args.extend(["-o", "/dev/null", "-w", "%{http_code}", &url]);
+        String::from_utf8_lossy(&s.curl(&args).stdout).to_string()
     };
+    let code = |extra: &str| codes(&[extra]);
     assert_eq!(code(&format!("If-None-Match: {etag}")), "304");
     assert_eq!(code("If-None-Match: \"other\""), "200");
     assert_eq!(code(&format!("If-Modified-Since: {last_modified}")), "304");
@@ -319,6 +317,12 @@ fn ranges_and_conditionals_with_curl() {
         "200"
     );
     assert_eq!(code("If-Match: \"other\""), "412");
+    // Repeated lines are one list (RFC 9110 §5.3): a match in the second
+    // line counts (only the first line did).
+    let other = "If-None-Match: \"other\"";
+    assert_eq!(codes(&[other, &format!("If-None-Match: {etag}")]), "304");
+    let other = "If-Match: \"other\"";
+    assert_eq!(codes(&[other, &format!("If-Match: {etag}")]), "200");
     // If-Range with a stale validator gives the whole file.
     let out = s.curl(&[
         "-r",
