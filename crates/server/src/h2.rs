@@ -50,7 +50,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// client that never answers could open streams for ever, past
 /// `max_requests_per_connection` and on a generation a reload retired.
 /// After this, new streams are refused (REFUSED_STREAM, safe to retry
-/// elsewhere) and the connection ends once the open ones are done.
+/// elsewhere), and the connection ends a send timeout after the open
+/// ones are done.
 const DRAIN_ACK_WAIT: Duration = Duration::from_secs(5);
 /// DATA payload that fills a TLS record (2^14 bytes of plaintext) with
 /// its frame header.
@@ -143,9 +144,11 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
             refuse_after = Some(tokio::time::Instant::now() + DRAIN_ACK_WAIT);
         }
         if refusing && streams.is_empty() && hard_deadline.is_none() {
-            // GOAWAY naming the last stream taken, and the end.
-            connection.abrupt_shutdown(Reason::NO_ERROR);
-            hard_deadline = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+            // What the last streams handed to `h2` may still be on its way
+            // to the client, and only a client that answers the PING lets
+            // `h2` end the connection by itself: the end comes at the
+            // send timeout (a reader that slow is cut off anyway).
+            hard_deadline = Some(tokio::time::Instant::now() + limits.send_timeout);
         }
         let deadline =
             hard_deadline.unwrap_or_else(|| tokio::time::Instant::now() + h2c.idle_timeout);

@@ -927,7 +927,8 @@ fn trickle_is_reset(s: &Server, path: &str) {
 /// last stream only once the client answers its PING. A client that
 /// never answers used to be served every stream it opened after it, for
 /// as long as it liked. Now streams opened 5 s after the GOAWAY are
-/// refused (REFUSED_STREAM), and the connection ends once none is open.
+/// refused (REFUSED_STREAM), and the connection ends a send timeout (2 s
+/// here) after none is open.
 #[test]
 fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
     const REFUSED_STREAM: u32 = 0x7;
@@ -936,7 +937,7 @@ fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
         &f,
         &config(
             &f,
-            "[access_log]\ntarget = \"off\"\n[limits]\nmax_requests_per_connection = 1\n",
+            "[access_log]\ntarget = \"off\"\n[limits]\nmax_requests_per_connection = 1\nsend_timeout = \"2s\"\n",
             "",
         ),
     );
@@ -955,8 +956,7 @@ fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
     assert_eq!(seen.data_bytes, 2 * HELLO.len(), "{seen:?}");
     assert!(seen.closed, "{seen:?}");
     assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
-    // A stream opened later, while another (its window shut) is still
-    // open, is refused.
+    // A stream opened later is refused.
     let mut first = preface(&[(0x4, 0)]);
     first.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/big.bin")));
     let second = frame(frame::HEADERS, 0x5, 3, &get_block("/hello.txt"));
@@ -967,7 +967,8 @@ fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
         Duration::from_secs(8),
         2,
     );
-    assert_eq!(seen.resets, vec![(3, REFUSED_STREAM)], "{seen:?}");
+    // (The first is reset with CANCEL at the 2 s send timeout meanwhile.)
+    assert!(seen.resets.contains(&(3, REFUSED_STREAM)), "{seen:?}");
     assert_eq!(seen.data_bytes, 0, "{seen:?}");
 }
 
