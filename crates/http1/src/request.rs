@@ -201,6 +201,16 @@ impl RequestHead {
             .map(|f| f.value.slice(&self.raw))
     }
 
+    /// Whether the client waits for a 100 (Continue) before its body: an
+    /// HTTP/1.1 `Expect: 100-continue` (HTTP/1.0's is ignored, RFC 9110
+    /// §10.1.1).
+    pub fn expects_continue(&self) -> bool {
+        self.version == Version::Http11
+            && self
+                .header("expect")
+                .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
+    }
+
     /// Every line of the header named `name`, joined with ", " as one
     /// list (RFC 9110 §5.3); borrowed unless the field is repeated.
     pub fn joined(&self, name: &str) -> Option<std::borrow::Cow<'_, [u8]>> {

@@ -740,11 +740,7 @@ pub async fn forward<D: Downstream + Send>(
         }
         _ => None,
     };
-    let expects_continue = head
-        .header("expect")
-        .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
-        && head.version() == Version::Http11
-        && replay.is_none();
+    let expects_continue = head.expects_continue() && replay.is_none();
     let Ok(upstream_head) = upstream_request_head(r) else {
         return refused(400, "bad_path", None, false);
     };

@@ -336,6 +336,58 @@ enum Broken {
     Read,
 }
 
+/// The send timeout's rule for a stream's body: its waits for the
+/// client's window add up to at most the send timeout until a record's
+/// worth more was granted, so a client that opens its window a few bytes
+/// just before each timeout is cut off as well. Only those waits count,
+/// not the time spent reading a file or waiting for an upstream.
+struct SendProgress {
+    limit: Duration,
+    waited: Duration,
+    granted: usize,
+}
+
+impl SendProgress {
+    fn new(limit: Duration) -> Self {
+        Self {
+            limit,
+            waited: Duration::ZERO,
+            granted: 0,
+        }
+    }
+
+    /// Room on `send` for up to `want` bytes, waited for within what is
+    /// left of the limit; past it the stream is reset with CANCEL.
+    async fn room(&mut self, send: &mut SendStream<Bytes>, want: usize) -> Result<usize, Broken> {
+        send.reserve_capacity(want);
+        let mut granted = send.capacity();
+        while granted == 0 {
+            let budget = self.limit.saturating_sub(self.waited);
+            let started = Instant::now();
+            let r = tokio::time::timeout(budget, poll_fn(|c| send.poll_capacity(c))).await;
+            self.waited += started.elapsed();
+            match r {
+                Err(_) => {
+                    send.send_reset(Reason::CANCEL);
+                    return Err(Broken::Timeout);
+                }
+                Ok(None) | Ok(Some(Err(_))) => return Err(Broken::Gone),
+                Ok(Some(Ok(n))) => granted = n,
+            }
+        }
+        Ok(granted)
+    }
+
+    /// `n` bytes of the body handed to `h2`.
+    fn sent(&mut self, n: usize) {
+        self.granted += n;
+        if self.granted >= FRAME_IN_RECORD {
+            self.waited = Duration::ZERO;
+            self.granted = 0;
+        }
+    }
+}
+
 /// Answers one stream.
 async fn serve_stream(
     cx: &HttpCtx<'_>,
@@ -586,28 +638,15 @@ async fn send_file(
     len: u64,
     cx: &HttpCtx<'_>,
 ) -> Result<u64, Broken> {
-    let limit = cx.gen.config.limits.send_timeout;
+    let mut progress = SendProgress::new(cx.gen.config.limits.send_timeout);
     // Reads of whole records' worth of frames.
     let buffer = cx.gen.config.http2.max_send_buffer_size as usize;
     let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
     let mut done: u64 = 0;
     let mut pool = BytesMut::with_capacity(2 * chunk);
-    let mut deadline = tokio::time::Instant::now() + limit;
-    let mut progress = 0;
     while done < len {
         let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
-        send.reserve_capacity(want);
-        let mut granted = send.capacity();
-        while granted == 0 {
-            match tokio::time::timeout_at(deadline, poll_fn(|c| send.poll_capacity(c))).await {
-                Err(_) => {
-                    send.send_reset(Reason::CANCEL);
-                    return Err(Broken::Timeout);
-                }
-                Ok(None) | Ok(Some(Err(_))) => return Err(Broken::Gone),
-                Ok(Some(Ok(n))) => granted = n,
-            }
-        }
+        let granted = progress.room(send, want).await?;
         let mut n = granted.min(want);
         if n < want && n > FRAME_IN_RECORD {
             // A window's odd end waits for the next grant, not a small frame.
@@ -627,11 +666,7 @@ async fn send_file(
             Ok(got) => got,
         };
         done += got as u64;
-        progress += got;
-        if progress >= FRAME_IN_RECORD {
-            deadline = tokio::time::Instant::now() + limit;
-            progress = 0;
-        }
+        progress.sent(got);
         cx.shared.metrics.count_body("userspace", got as u64);
         // One DATA frame per TLS record: a frame of 16384 bytes with its
         // 9-byte header would take a full record and a 9-byte one.

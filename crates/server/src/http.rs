@@ -259,7 +259,7 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             // The wait for the body may be long, or end the connection:
             // the answers to earlier pipelined requests leave first, and a
             // client waiting for a 100 (Continue) gets it (RFC 9110 §10.1.1).
-            if expects_continue(&head) {
+            if head.expects_continue() {
                 out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             }
             if !out.is_empty() {
@@ -346,15 +346,6 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
             }
         }
     }
-}
-
-/// Whether an HTTP/1.1 client waits for a 100 (Continue) before its body
-/// (an HTTP/1.0 client's expectation is ignored, RFC 9110 §10.1.1).
-fn expects_continue(head: &RequestHead) -> bool {
-    head.version() == Version::Http11
-        && head
-            .header("expect")
-            .is_some_and(|v| v.eq_ignore_ascii_case(b"100-continue"))
 }
 
 /// Gives back what a connection waiting for its next request does not

@@ -22,7 +22,7 @@ use tlsgate_proxy::{
 };
 use tokio::time::{timeout_at, Instant};
 
-use super::FRAME_IN_RECORD;
+use super::{Broken, SendProgress, FRAME_IN_RECORD};
 use crate::proxy::Proxied;
 use crate::respond::HttpCtx;
 
@@ -96,9 +96,7 @@ pub(super) async fn serve(
     let mut client = Stream {
         respond: &respond,
         send: None,
-        send_timeout: limits.send_timeout,
-        waited: Duration::ZERO,
-        progress: 0,
+        progress: SendProgress::new(limits.send_timeout),
     };
     let outcome = tlsgate_proxy::forward_stream(pool, &req, &mut body, &mut client).await;
     // The request body is not read any further.
@@ -336,15 +334,10 @@ struct Stream<'r> {
     respond: &'r Mutex<SendResponse<Bytes>>,
     /// Once the head is sent.
     send: Option<SendStream<Bytes>>,
-    send_timeout: Duration,
-    /// Time spent waiting for the client's window since it last took a
-    /// record's worth of the body: the send timeout bounds the sum, so a
-    /// client opening its window a byte at a time, each just before the
-    /// timeout, holds neither the stream nor its upstream connection
-    /// (as for files, `send_file`). Waits for the upstream do not count.
-    waited: Duration,
-    /// Bytes granted since `waited` was last cleared.
-    progress: usize,
+    /// The send timeout's rule, as for files: a client opening its
+    /// window a byte at a time holds neither the stream nor its upstream
+    /// connection.
+    progress: SendProgress,
 }
 
 impl Responder for Stream<'_> {
@@ -384,28 +377,13 @@ impl Responder for Stream<'_> {
             return send.send_data(data, end).map_err(|_| SendError::Gone);
         }
         while !data.is_empty() {
-            send.reserve_capacity(data.len());
-            let mut granted = send.capacity();
-            while granted == 0 {
-                let budget = self.send_timeout.saturating_sub(self.waited);
-                let started = Instant::now();
-                let r = tokio::time::timeout(budget, poll_fn(|c| send.poll_capacity(c))).await;
-                self.waited += started.elapsed();
-                match r {
-                    Err(_) => {
-                        send.send_reset(Reason::CANCEL);
-                        return Err(SendError::Timeout);
-                    }
-                    Ok(None) | Ok(Some(Err(_))) => return Err(SendError::Gone),
-                    Ok(Some(Ok(n))) => granted = n,
-                }
-            }
+            let granted = match self.progress.room(send, data.len()).await {
+                Ok(n) => n,
+                Err(Broken::Timeout) => return Err(SendError::Timeout),
+                Err(_) => return Err(SendError::Gone),
+            };
             let mut piece = data.split_to(granted.min(data.len()));
-            self.progress += piece.len();
-            if self.progress >= FRAME_IN_RECORD {
-                self.waited = Duration::ZERO;
-                self.progress = 0;
-            }
+            self.progress.sent(piece.len());
             // One DATA frame per TLS record (see `send_file`).
             while piece.len() > FRAME_IN_RECORD {
                 let frame = piece.split_to(FRAME_IN_RECORD);
