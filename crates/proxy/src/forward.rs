@@ -728,7 +728,7 @@ pub async fn forward<D: Downstream + Send>(
             return refused(413, "body_too_large", None, false);
         }
     }
-    if !out.is_empty() && send(client, out, r.send_timeout).await.is_err() {
+    if !out.is_empty() && send(client, out, r.send_timeout, None).await.is_err() {
         return refused(502, "client_gone", None, false);
     }
     // A body already here in full is taken now: it can be sent again to
@@ -842,17 +842,59 @@ async fn within<T>(
     on_timeout: Failure,
     fut: impl Future<Output = Result<T, Failure>>,
 ) -> Result<T, Failure> {
-    let own = Instant::now() + per;
+    let now = Instant::now();
+    let own = now + per;
     let (at, why) = match deadline {
         Some(d) if d < own => (d, Failure::TotalTimeout),
         _ => (own, on_timeout),
     };
+    // A future that is ready at once is never timed out by `timeout_at`:
+    // reads of an answer the upstream has sent whole would outlive the
+    // deadline for as long as the client takes to read them.
+    if at <= now {
+        return Err(why);
+    }
     timeout_at(at.into(), fut).await.unwrap_or(Err(why))
 }
 
-/// Writes and empties `buf` within the send timeout.
-async fn send<D: Downstream>(client: &mut D, buf: &mut Vec<u8>, limit: Duration) -> Result<(), ()> {
-    let r = tokio::time::timeout(limit, async {
+/// Why a write to the client did not end well.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum ClientCut {
+    /// The client left, or took nothing within the send timeout.
+    Gone,
+    /// The exchange's `total_timeout` passed while the client was taking
+    /// the answer.
+    TotalTimeout,
+}
+
+impl ClientCut {
+    /// The reason logged; a total timeout is counted against `server`
+    /// (it was the exchange's, not the server's fault: no mark).
+    fn reason(self, pool: &Pool, server: usize) -> &'static str {
+        match self {
+            ClientCut::Gone => "client_gone",
+            ClientCut::TotalTimeout => {
+                pool.failed_relaying(server, Failure::TotalTimeout);
+                Failure::TotalTimeout.reason()
+            }
+        }
+    }
+}
+
+/// Writes and empties `buf` within the send timeout, and before the
+/// exchange's `deadline` when there is one.
+async fn send<D: Downstream>(
+    client: &mut D,
+    buf: &mut Vec<u8>,
+    limit: Duration,
+    deadline: Option<Instant>,
+) -> Result<(), ClientCut> {
+    let own = Instant::now() + limit;
+    let (at, why) = match deadline {
+        Some(d) if d < own => (d, ClientCut::TotalTimeout),
+        _ => (own, ClientCut::Gone),
+    };
+    let r = timeout_at(at.into(), async {
         client.write_all(buf).await?;
         client.flush().await
     })
@@ -860,7 +902,8 @@ async fn send<D: Downstream>(client: &mut D, buf: &mut Vec<u8>, limit: Duration)
     buf.clear();
     match r {
         Ok(Ok(())) => Ok(()),
-        _ => Err(()),
+        Ok(Err(_)) => Err(ClientCut::Gone),
+        Err(_) => Err(why),
     }
 }
 
@@ -1111,7 +1154,7 @@ impl<D: Downstream + Send> RequestBody for Http1Body<'_, D> {
             // A server is there and has the head: the client may send.
             self.expects_continue = false;
             let mut interim = b"HTTP/1.1 100 Continue\r\n\r\n".to_vec();
-            if send(self.client, &mut interim, self.send_timeout)
+            if send(self.client, &mut interim, self.send_timeout, None)
                 .await
                 .is_err()
             {
@@ -1561,7 +1604,7 @@ async fn relay<D: Downstream>(
                 // What was read before the failure (the head, at least)
                 // still goes out: the cut shows as a short body.
                 if !out.is_empty() {
-                    let _ = send(client, out, r.send_timeout).await;
+                    let _ = send(client, out, r.send_timeout, deadline).await;
                 }
                 return Outcome::Aborted {
                     status,
@@ -1580,24 +1623,24 @@ async fn relay<D: Downstream>(
         if done {
             break;
         }
-        if send(client, out, r.send_timeout).await.is_err() {
+        if let Err(cut) = send(client, out, r.send_timeout, deadline).await {
             return Outcome::Aborted {
                 status,
                 body_bytes: sent,
                 server,
-                reason: "client_gone",
+                reason: cut.reason(pool, lease.server),
             };
         }
     }
     if chunked {
         out.extend_from_slice(b"0\r\n\r\n");
     }
-    if send(client, out, r.send_timeout).await.is_err() {
+    if let Err(cut) = send(client, out, r.send_timeout, deadline).await {
         return Outcome::Aborted {
             status,
             body_bytes: sent,
             server,
-            reason: "client_gone",
+            reason: cut.reason(pool, lease.server),
         };
     }
     if body.reusable {
@@ -1770,7 +1813,14 @@ async fn relay_body<S: Responder, R: AsyncRead + Unpin>(
         // frame when nothing is left); a response without a body ended
         // with its head.
         if (!data.is_empty() || done) && !no_body {
-            client.data(data, done).await.map_err(Cut::Client)?;
+            let sending = client.data(data, done);
+            match deadline {
+                Some(d) => timeout_at(d.into(), sending)
+                    .await
+                    .map_err(|_| Cut::Upstream(Failure::TotalTimeout))?,
+                None => sending.await,
+            }
+            .map_err(Cut::Client)?;
         }
         if done {
             return Ok(());
@@ -1823,7 +1873,7 @@ async fn tunnel<D: Downstream>(
         server: server.clone(),
         keep_client: false,
     };
-    if send(client, out, r.send_timeout).await.is_err() {
+    if send(client, out, r.send_timeout, None).await.is_err() {
         return done(down);
     }
     // What the client sent after its request head belongs to the tunnel.
@@ -1863,7 +1913,7 @@ async fn tunnel<D: Downstream>(
         } else {
             down += n as u64;
             out.extend_from_slice(from_server.get(..n).unwrap_or_default());
-            send(client, out, r.send_timeout).await.is_ok()
+            send(client, out, r.send_timeout, None).await.is_ok()
         };
         if !ok {
             return done(down);

@@ -436,6 +436,82 @@ fn a_total_timeout_mid_body_puts_no_server_out() {
     }
 }
 
+/// `total_timeout` is the whole exchange's bound even when the upstream
+/// has sent everything and only the client is slow to take it: every
+/// read of the upstream is then ready at once, and the time goes into
+/// writes to the client. Over HTTP/1.1 (a Content-Length body and a
+/// chunked one) and over HTTP/2, the exchange ends at the timeout (its
+/// access line is written then, short of the body), is counted, and puts
+/// no server out. What the kernel already holds still reaches the
+/// client after the cut, so its own download ends later.
+#[test]
+fn total_timeout_cuts_a_download_to_a_slow_reader() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool(
+        "app",
+        &[(a.address(), 1)],
+        "total_timeout = \"2s\"\nmax_fails = 1",
+        "",
+    );
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    // Far more than the loopback's socket buffers take from a reader this
+    // slow, so the server's writes wait on it. Each case its own size, to
+    // tell their access lines apart.
+    const SIZE: usize = 48 << 20;
+    let resolve = format!("localhost:{}:127.0.0.1", server.addr.port());
+    for (i, (path, protocol)) in [
+        ("/len", "--http1.1"),
+        ("/gen", "--http1.1"),
+        ("/len", "--http2"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let target = format!("{path}?n={}", SIZE + i);
+        let t0 = Instant::now();
+        let mut curl = Command::new("curl")
+            .args([
+                "-sSk",
+                protocol,
+                "--limit-rate",
+                "200k",
+                "--resolve",
+                &resolve,
+            ])
+            .args(["--max-time", "30", "-o", "/dev/null", &server.url(&target)])
+            .spawn()
+            .expect("curl must be installed (./dev setup installs it)");
+        let line =
+            server.wait_access_line(&[&format!("GET {target} "), "upstream_error=total_timeout"]);
+        let took = t0.elapsed();
+        let _ = curl.kill();
+        let _ = curl.wait();
+        let case = format!("{path} {protocol} after {took:?}: {line}");
+        assert!(took < Duration::from_secs(4), "{case}");
+        let bytes: usize = line
+            .split("\" ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').nth(1))
+            .and_then(|b| b.parse().ok())
+            .unwrap_or_else(|| panic!("no byte count: {case}"));
+        assert!(bytes > 0 && bytes < SIZE, "{case}");
+    }
+    let counted = |t: &str| {
+        t.lines().any(|l| {
+            l.starts_with("tlsgate_upstream_errors_total{")
+                && l.contains("kind=\"total_timeout\"")
+                && l.ends_with(" 3")
+        })
+    };
+    let text = server.metrics_when(counted);
+    assert!(counted(&text), "{text}");
+    server.expect_metric_line(&format!(
+        "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1\n",
+        a.address()
+    ));
+}
+
 #[test]
 fn upstream_tls_with_and_without_client_certificates_and_a_wrong_ca() {
     let fx = Fixture::new();
