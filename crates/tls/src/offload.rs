@@ -99,13 +99,41 @@ pub(crate) fn crypto_info(
             ))
         }
     };
-    Ok(CryptoInfo::new(
-        version,
-        cipher,
-        key.as_ref(),
-        iv.as_ref(),
-        *seq,
-    )?)
+    let mut iv: [u8; 12] = iv
+        .as_ref()
+        .try_into()
+        .map_err(|_| OffloadError::Secrets(format!("an IV of {} bytes", iv.as_ref().len())))?;
+    if version == TlsVersion::Tls12 && cipher != Cipher::Chacha20Poly1305 {
+        let (_, explicit) = iv.split_at_mut(4);
+        let rustls_explicit = u64::from_be_bytes(explicit.try_into().unwrap_or_default());
+        explicit.copy_from_slice(&kernel_explicit_nonce(rustls_explicit, *seq).to_be_bytes());
+    }
+    let info = CryptoInfo::new(version, cipher, key.as_ref(), &iv, *seq);
+    zeroize::Zeroize::zeroize(&mut iv);
+    Ok(info?)
+}
+
+/// The first explicit nonce the kernel may seal a TLS 1.2 AES-GCM record
+/// under, after rustls sealed records `0..sent` of the same key.
+///
+/// The two count differently. rustls seals record `i` under `explicit ⊕ i`
+/// (its IV's last eight bytes, as in TLS 1.3); the kernel seals its k-th
+/// record under `start + k` and puts that on the wire (RFC 5288 only asks
+/// that each be used once). Given rustls' IV as `start`, the kernel's first
+/// record would reuse the nonce of rustls' first (the Finished), and GCM
+/// under a repeated nonce gives away the authentication key. Every nonce
+/// rustls used lies in the aligned block of 2^b values holding `explicit`,
+/// b the bit length of the last sequence number: the kernel starts at the
+/// next block and counts away from it (it would take 2^64 records to come
+/// back). The receive side reads each record's nonce from the wire, so
+/// this matters only for sending, and is harmless for receiving.
+pub(crate) fn kernel_explicit_nonce(explicit: u64, sent: u64) -> u64 {
+    let Some(last) = sent.checked_sub(1) else {
+        return explicit;
+    };
+    let b = u64::BITS - last.leading_zeros();
+    let block = explicit.checked_shr(b).unwrap_or(0);
+    block.wrapping_add(1).checked_shl(b).unwrap_or(0)
 }
 
 /// Follows the TLS record framing of a byte stream as it is read, so the
@@ -215,6 +243,117 @@ mod tests {
                 "cut {cut} ended at {at}, not a record start"
             );
         }
+    }
+
+    /// The nonces the kernel would seal its first `n` records under.
+    fn kernel_nonces(start: u64, n: u64) -> impl Iterator<Item = u64> {
+        (0..n).map(move |k| start.wrapping_add(k))
+    }
+
+    #[test]
+    fn the_kernel_never_reuses_a_tls12_gcm_nonce_rustls_used() {
+        let edges = [0, 1, 2, 3, 0x7f, 0x80, 0xff00, u64::MAX - 1, u64::MAX];
+        let others = (0..40u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        for explicit in edges.into_iter().chain(others) {
+            for sent in (0..=300).chain([1 << 16, (1 << 24) - 1]) {
+                let used = |nonce: u64| (nonce ^ explicit) < sent;
+                let start = kernel_explicit_nonce(explicit, sent);
+                if let Some(bad) = kernel_nonces(start, 4096).find(|&n| used(n)) {
+                    panic!("explicit {explicit:#x}, {sent} sent: the kernel reuses {bad:#x}");
+                }
+            }
+        }
+        // XOR-ing the sequence number in instead is not enough: rustls used
+        // 3 and 2, the kernel would start at 1 and then seal under 2.
+        assert_eq!(kernel_explicit_nonce(3, 2), 4);
+    }
+
+    /// rustls' TLS 1.2 AES-GCM records carry `explicit ⊕ seq` as their
+    /// nonce (what `kernel_explicit_nonce` assumes), read off the wire of a
+    /// real handshake and a few records.
+    #[test]
+    fn rustls_tls12_gcm_nonces_are_its_iv_xor_the_sequence() {
+        use rustls::crypto::aws_lc_rs::{cipher_suite, default_provider};
+        use rustls::pki_types::ServerName;
+        use std::sync::Arc;
+        let made = crate::self_signed().unwrap();
+        let cert = made.loaded.certified.cert.first().unwrap().clone();
+        let provider = Arc::new(rustls::crypto::CryptoProvider {
+            cipher_suites: vec![cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256],
+            ..default_provider()
+        });
+        let mut server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(
+                made.loaded.certified,
+            )));
+        server.enable_secret_extraction = true;
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut c = rustls::ClientConnection::new(Arc::new(client), name).unwrap();
+        let mut s = rustls::ServerConnection::new(Arc::new(server)).unwrap();
+        // Everything the server sends, from its first byte.
+        let mut from_server = Vec::new();
+        let mut turn = |c: &mut rustls::ClientConnection, s: &mut rustls::ServerConnection| {
+            let mut wire = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut wire).unwrap();
+            }
+            s.read_tls(&mut &wire[..]).unwrap();
+            s.process_new_packets().unwrap();
+            let at = from_server.len();
+            while s.wants_write() {
+                s.write_tls(&mut from_server).unwrap();
+            }
+            c.read_tls(&mut &from_server[at..]).unwrap();
+            c.process_new_packets().unwrap();
+        };
+        while c.is_handshaking() || s.is_handshaking() {
+            turn(&mut c, &mut s);
+        }
+        for i in 0..5u8 {
+            std::io::Write::write_all(&mut s.writer(), &[i; 100]).unwrap();
+        }
+        turn(&mut c, &mut s);
+        // The records after ChangeCipherSpec are sealed: their first eight
+        // bytes are the explicit nonce.
+        let mut nonces = Vec::new();
+        let (mut at, mut sealed) = (0, false);
+        while at + 5 <= from_server.len() {
+            let len = usize::from(u16::from_be_bytes([
+                from_server[at + 3],
+                from_server[at + 4],
+            ]));
+            let body = &from_server[at + 5..at + 5 + len];
+            if sealed {
+                nonces.push(u64::from_be_bytes(body[..8].try_into().unwrap()));
+            }
+            sealed |= from_server[at] == 20;
+            at += 5 + len;
+        }
+        assert_eq!(nonces.len(), 6, "the Finished and five records");
+        let (seq, secrets) = s.dangerous_extract_secrets().unwrap().tx;
+        let ConnectionTrafficSecrets::Aes128Gcm { iv, .. } = secrets else {
+            panic!("not AES-128-GCM");
+        };
+        let explicit = u64::from_be_bytes(iv.as_ref()[4..].try_into().unwrap());
+        assert_eq!(seq, 6);
+        for (i, n) in nonces.iter().enumerate() {
+            assert_eq!(*n, explicit ^ i as u64, "record {i}");
+        }
+        let start = kernel_explicit_nonce(explicit, seq);
+        assert!(kernel_nonces(start, 1 << 16).all(|k| !nonces.contains(&k)));
+        // Given rustls' IV as it is, the kernel's first record would repeat
+        // the Finished's nonce: the defect this guards against.
+        assert_eq!(nonces[0], explicit);
     }
 
     #[test]

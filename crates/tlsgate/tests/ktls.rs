@@ -176,7 +176,7 @@ fn offloaded(s: &Server) -> f64 {
 }
 
 /// Reads one response (head and Content-Length body) from a TLS stream.
-fn read_response(s: &mut TlsStream) -> (String, Vec<u8>) {
+fn read_response(s: &mut impl Read) -> (String, Vec<u8>) {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -194,7 +194,7 @@ fn read_response(s: &mut TlsStream) -> (String, Vec<u8>) {
     (head, body)
 }
 
-fn get(s: &mut TlsStream, path: &str) -> (String, Vec<u8>) {
+fn get(s: &mut (impl Read + Write), path: &str) -> (String, Vec<u8>) {
     write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
     s.flush().unwrap();
     read_response(s)
@@ -363,6 +363,108 @@ fn auto_switches_once_in_the_middle_of_a_connection() {
             .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["ktls"] == true)
             .collect();
         assert_eq!(seen, wanted, "{log}");
+    }
+}
+
+/// A socket that keeps a copy of every byte it reads.
+struct Tap {
+    sock: std::net::TcpStream,
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Read for Tap {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.sock.read(buf)?;
+        self.seen.lock().unwrap().extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+}
+
+impl Write for Tap {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.sock.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.sock.flush()
+    }
+}
+
+/// The explicit nonces of the sealed records in a TLS 1.2 server's bytes
+/// (every record after its ChangeCipherSpec).
+fn explicit_nonces(wire: &[u8]) -> Vec<u64> {
+    let (mut nonces, mut at, mut sealed) = (Vec::new(), 0, false);
+    while at + 5 <= wire.len() {
+        let len = usize::from(u16::from_be_bytes([wire[at + 3], wire[at + 4]]));
+        let Some(body) = wire.get(at + 5..at + 5 + len) else {
+            break;
+        };
+        if sealed {
+            nonces.push(u64::from_be_bytes(body[..8].try_into().unwrap()));
+        }
+        sealed |= wire[at] == 20;
+        at += 5 + len;
+    }
+    nonces
+}
+
+/// TLS 1.2 AES-GCM puts each record's nonce on the wire, and the kernel
+/// counts its own from what it was given: no record the kernel seals may
+/// repeat one of the nonces rustls sealed the handshake's Finished and
+/// the first answers under (a repeated GCM nonce gives the key's
+/// authentication away). Every nonce of the connection is read off the
+/// wire, before and after the switch, under both policies.
+#[test]
+fn tls12_gcm_nonces_are_never_repeated_across_the_switch() {
+    use rustls::crypto::aws_lc_rs::cipher_suite as cs;
+    let _g = serial();
+    let site = Site::new();
+    for offload in ["always", "auto"] {
+        let s = site.start(offload);
+        for suite in [
+            cs::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+            cs::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+        ] {
+            let stat = StatDelta::start();
+            let provider = rustls::crypto::CryptoProvider {
+                cipher_suites: vec![suite],
+                ..provider()
+            };
+            let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+                .with_protocol_versions(&[&rustls::version::TLS12])
+                .unwrap()
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoVerify))
+                .with_no_client_auth();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+            let seen = Arc::<Mutex<Vec<u8>>>::default();
+            let tap = Tap {
+                sock: std::net::TcpStream::connect(s.addr).unwrap(),
+                seen: seen.clone(),
+            };
+            let mut c = rustls::StreamOwned::new(conn, tap);
+            // Small answers first (before `auto` switches), then big ones.
+            for len in [1, 16 * 1024 - 1, 1 << 20, 1, 64 * 1024] {
+                let (head, body) = get(&mut c, &format!("/f{len}.bin"));
+                assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+                assert!(
+                    body == site.body(len),
+                    "{offload} {suite:?}: {len} bytes differ"
+                );
+            }
+            drop(c);
+            stat.expect_sessions(1, 1);
+            let nonces = explicit_nonces(&seen.lock().unwrap());
+            assert!(nonces.len() > 70, "{} records", nonces.len());
+            let mut sorted = nonces.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(
+                sorted.len(),
+                nonces.len(),
+                "{offload} {suite:?}: a nonce sealed twice among {nonces:x?}"
+            );
+        }
     }
 }
 
