@@ -77,6 +77,9 @@ pub fn build(
                 c.key,
                 format!("{} ({})", c.problem, c.path.display()),
             ),
+            ContextError::PolicyConflict { key, problem } => {
+                ConfigError::new(&origin, key, problem)
+            }
             other => ConfigError::new(&origin, "tls", other.to_string()),
         })?;
         if let Some(keys) = &ticket_keys {

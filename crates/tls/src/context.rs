@@ -37,6 +37,15 @@ pub enum ContextError {
     /// rustls refused the combination of versions and suites.
     #[error("cannot build the TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
+    /// Two certificates serve one name under different client certificate
+    /// policies (names the second one's config key).
+    #[error("key `{key}`: {problem}")]
+    PolicyConflict {
+        /// Config key, e.g. `listener[0].certificate[1].client_auth`.
+        key: String,
+        /// Which name, and which entry disagrees.
+        problem: String,
+    },
 }
 
 /// The rustls config of one client certificate policy of a listener.
@@ -159,7 +168,23 @@ impl TlsContext {
         if distinct.is_empty() {
             distinct.push(&listener.client_auth);
         }
-        let store = Arc::new(CertStore::new(certs, &index, policy.unknown_sni));
+        let store = CertStore::new(certs, &index, policy.unknown_sni).map_err(|c| {
+            let path = |i: usize| match &listener.certificates {
+                Certificates::Files(files) => files
+                    .get(i)
+                    .map_or_else(|| format!("certificate {i}"), |f| f.key_path.clone()),
+                _ => format!("certificate {i}"),
+            };
+            ContextError::PolicyConflict {
+                key: format!("{}.client_auth", path(c.second)),
+                problem: format!(
+                    "serves {:?}, as {} does, under another client_auth or client_ca (names from a certificate's subjectAltName count, compared in lower case); expected the same client_auth and client_ca for every certificate of a name",
+                    c.name,
+                    path(c.first)
+                ),
+            }
+        })?;
+        let store = Arc::new(store);
         let configs = distinct
             .iter()
             .map(|auth| {

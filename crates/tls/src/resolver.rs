@@ -19,6 +19,24 @@ pub struct NameSlot {
     ecdsa: Option<Arc<CertifiedKey>>,
     others: Vec<Arc<CertifiedKey>>,
     client_auth: usize,
+    /// The certificate (its index) that set `client_auth`.
+    first: usize,
+}
+
+/// Two certificates of a listener that answer for one name under
+/// different client certificate policies. The handshake picks the policy
+/// by name, before the certificate: one of them would be served under the
+/// other's policy (a name that requires client certificates, served
+/// without).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("certificates {first} and {second} both serve {name:?} under different client certificate policies")]
+pub struct PolicyConflict {
+    /// The name as served (lower case; `*.` for wildcards).
+    pub name: String,
+    /// Index of the certificate whose policy came first.
+    pub first: usize,
+    /// Index of the certificate that disagrees.
+    pub second: usize,
 }
 
 impl NameSlot {
@@ -27,15 +45,28 @@ impl NameSlot {
         self.client_auth
     }
 
-    fn add(&mut self, ck: &Arc<CertifiedKey>, client_auth: usize) {
+    fn add(
+        &mut self,
+        name: &str,
+        (i, ck): (usize, &Arc<CertifiedKey>),
+        client_auth: usize,
+    ) -> Result<(), PolicyConflict> {
         if self.ecdsa.is_none() && self.others.is_empty() {
             self.client_auth = client_auth;
+            self.first = i;
+        } else if self.client_auth != client_auth {
+            return Err(PolicyConflict {
+                name: name.to_string(),
+                first: self.first,
+                second: i,
+            });
         }
         if ck.key.algorithm() == SignatureAlgorithm::ECDSA && self.ecdsa.is_none() {
             self.ecdsa = Some(ck.clone());
         } else {
             self.others.push(ck.clone());
         }
+        Ok(())
     }
 
     /// The first certificate whose key can sign with a scheme the client
@@ -63,8 +94,14 @@ pub struct CertStore {
 impl CertStore {
     /// Indexes `certs`, the `i`th under client certificate policy
     /// `client_auth[i]` (0 when missing); with `UnknownSni::Reject` no
-    /// default is kept.
-    pub fn new(certs: &[LoadedCert], client_auth: &[usize], unknown_sni: UnknownSni) -> Self {
+    /// default is kept. Names are compared as served (lower case, names
+    /// from the certificates included), so entries that agree in the
+    /// configuration but not in what they serve are caught here.
+    pub fn new(
+        certs: &[LoadedCert],
+        client_auth: &[usize],
+        unknown_sni: UnknownSni,
+    ) -> Result<Self, PolicyConflict> {
         let mut exact: HashMap<String, NameSlot> = HashMap::new();
         let mut wildcard: HashMap<String, NameSlot> = HashMap::new();
         let mut default: Option<NameSlot> = None;
@@ -72,33 +109,35 @@ impl CertStore {
         for (i, c) in certs.iter().enumerate() {
             for name in &c.names {
                 match name.strip_prefix("*.") {
-                    Some(suffix) => wildcard
-                        .entry(suffix.to_string())
-                        .or_default()
-                        .add(&c.certified, auth(i)),
-                    None => exact
-                        .entry(name.clone())
-                        .or_default()
-                        .add(&c.certified, auth(i)),
+                    Some(suffix) => wildcard.entry(suffix.to_string()).or_default().add(
+                        name,
+                        (i, &c.certified),
+                        auth(i),
+                    )?,
+                    None => exact.entry(name.clone()).or_default().add(
+                        name,
+                        (i, &c.certified),
+                        auth(i),
+                    )?,
                 }
             }
             if c.default && unknown_sni == UnknownSni::UseDefault {
                 // The default may have an RSA twin under the same names.
                 let mut slot = NameSlot::default();
-                slot.add(&c.certified, auth(i));
+                slot.add("(default)", (i, &c.certified), auth(i))?;
                 for (j, other) in certs.iter().enumerate() {
                     if !other.default && other.names == c.names {
-                        slot.add(&other.certified, auth(j));
+                        slot.add("(default)", (j, &other.certified), auth(j))?;
                     }
                 }
                 default = Some(slot);
             }
         }
-        Self {
+        Ok(Self {
             exact,
             wildcard,
             default,
-        }
+        })
     }
 
     /// The slot for a client's SNI, or `None` when the client must be refused.
@@ -153,7 +192,7 @@ mod tests {
     fn exact_then_wildcard_then_default() {
         let a = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
         let w = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["*.example"], false);
-        let store = CertStore::new(&[a.clone(), w.clone()], &[], UnknownSni::UseDefault);
+        let store = CertStore::new(&[a.clone(), w.clone()], &[], UnknownSni::UseDefault).unwrap();
         let pick = |sni| store.lookup(sni).unwrap().choose(ECDSA_AND_RSA).unwrap();
         assert!(Arc::ptr_eq(&pick(Some("a.example")), &a.certified));
         assert!(Arc::ptr_eq(&pick(Some("A.Example.")), &a.certified));
@@ -163,7 +202,7 @@ mod tests {
         assert!(Arc::ptr_eq(&pick(Some("example")), &a.certified));
         assert!(Arc::ptr_eq(&pick(None), &a.certified));
 
-        let strict = CertStore::new(&[a, w], &[], UnknownSni::Reject);
+        let strict = CertStore::new(&[a, w], &[], UnknownSni::Reject).unwrap();
         assert!(strict.lookup(Some("other.test")).is_none());
         assert!(strict.lookup(None).is_none());
         assert!(strict.lookup(Some("b.example")).is_some());
@@ -173,7 +212,7 @@ mod tests {
     fn ecdsa_preferred_rsa_when_client_cannot_verify_ecdsa() {
         let e = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
         let r = cert(&rcgen::PKCS_RSA_SHA256, &["a.example"], false);
-        let store = CertStore::new(&[r.clone(), e.clone()], &[], UnknownSni::UseDefault);
+        let store = CertStore::new(&[r.clone(), e.clone()], &[], UnknownSni::UseDefault).unwrap();
         let slot = store.lookup(Some("a.example")).unwrap();
         assert!(Arc::ptr_eq(
             &slot.choose(ECDSA_AND_RSA).unwrap(),

@@ -590,3 +590,50 @@ fn a_broken_client_ca_is_refused_naming_its_key() {
         "needs the CA bundle",
     );
 }
+
+/// Entries that look apart in the configuration but serve one name (one
+/// with `names`, one named by its certificate; or names differing in case)
+/// must agree on client certificates: the handshake picks the policy by
+/// name, so one of them would be served under the other's, and a name
+/// that requires client certificates could be reached without one.
+#[test]
+fn a_name_served_under_two_client_auth_policies_is_refused() {
+    let fx = Fixture::new();
+    let p = pki(fx.path());
+    let d = fx.path();
+    let rsa = common::make_cert(d, "a-rsa", &["a.test"], &rcgen::PKCS_RSA_SHA256);
+    let ec = common::make_cert(d, "a-ec", &["a.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let required = format!("client_auth = \"required\"\nclient_ca = {:?}\n", p.ca);
+    // The fixture's entry and the ECDSA one take their names from their
+    // certificates and agree; the RSA one names a.test without a policy.
+    let mixed = fx.config(
+        "",
+        &format!(
+            "{required}\n[[listener.certificate]]\ncert = {:?}\nkey = {:?}\nnames = [\"a.test\"]\n\n\
+             [[listener.certificate]]\ncert = {:?}\nkey = {:?}\n{required}",
+            rsa.cert, rsa.key, ec.cert, ec.key
+        ),
+    );
+    let cased = fx.config(
+        "",
+        &format!(
+            "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\nnames = [\"A.test\"]\n\n\
+             [[listener.certificate]]\ncert = {:?}\nkey = {:?}\nnames = [\"a.test\"]\n{required}",
+            rsa.cert, rsa.key, ec.cert, ec.key
+        ),
+    );
+    for (text, key) in [
+        (&mixed, "listener[0].certificate[2].client_auth"),
+        (&cased, "listener[0].certificate[2].client_auth"),
+    ] {
+        let path = fx.write_config(text);
+        for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
+            let out = Command::new(bin()).args(cmd).arg(&path).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+            assert!(err.contains(key), "{cmd:?}: {err}");
+            assert!(err.contains("\"a.test\""), "{cmd:?}: {err}");
+            assert!(err.contains("listener[0].certificate[1]"), "{cmd:?}: {err}");
+        }
+    }
+}
