@@ -14,6 +14,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use rustls::server::{Acceptor, ServerConnection};
+use rustls::HandshakeKind;
 use tlsgate_sys::ktls::{self, content_type, Direction, Support, TlsVersion};
 use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
@@ -406,9 +407,18 @@ impl TlsConnection {
             // First whatever is already here: records that came in the same
             // read as the ClientHello (a pipelined flight, a second hello)
             // are processed now, never left waiting for more input.
-            let processed = {
-                let _ticketed = ticketed.then(crate::session_cache::TicketedSession::enter);
-                tls.process_new_packets()
+            let processed =
+                if tls.handshake_kind() == Some(HandshakeKind::FullWithHelloRetryRequest) {
+                    // After a HelloRetryRequest the second ClientHello is
+                    // answered here, and signed: the signature is awaited as
+                    // the first hello's is, not by blocking the worker.
+                    self.process_retried_hello().await?
+                } else {
+                    let _ticketed = ticketed.then(crate::session_cache::TicketedSession::enter);
+                    tls.process_new_packets().map(|_| ())
+                };
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone().into());
             };
             if let Err(e) = processed {
                 // rustls queued the matching alert: try to deliver it.
@@ -430,6 +440,25 @@ impl TlsConnection {
         // Finished), which the client waits for, leaves in the first read
         // that waits (see `send_before_waiting`).
         Ok(())
+    }
+
+    /// `process_new_packets` for a handshake that was asked to retry its
+    /// ClientHello, run where a signature it asks for is awaited
+    /// ([`run_signing`](crate::remote::run_signing)). rustls moves there
+    /// and back; only such handshakes (a client guessing a key share the
+    /// server does not take) pay for it.
+    async fn process_retried_hello(&mut self) -> io::Result<Result<(), rustls::Error>> {
+        let Layer::User(mut tls) = std::mem::replace(&mut self.layer, Layer::Gone) else {
+            return Err(gone());
+        };
+        let (tls, processed) = crate::remote::run_signing(move || {
+            let processed = tls.process_new_packets().map(|_| ());
+            (tls, processed)
+        })
+        .await
+        .map_err(io::Error::other)?;
+        self.layer = Layer::User(tls);
+        Ok(processed)
     }
 
     /// Sends what rustls holds, keeping the first bytes in `flight`.

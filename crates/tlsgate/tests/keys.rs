@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use common::*;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivateKeyDer;
+use rustls::{ClientConfig, HandshakeKind};
+use std::sync::Arc;
 
 /// Config extra: an RSA-2048 certificate for `rsa.test` next to the
 /// fixture's ECDSA one for localhost.
@@ -423,14 +425,50 @@ fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
 
+/// A full TLS 1.3 handshake over rustls, `retried` by a HelloRetryRequest
+/// (its only key share is for P-384, which the server in
+/// `a_handshake_waiting_...` does not take); the kind of handshake it was.
+fn full_handshake(addr: std::net::SocketAddr, retried: bool) -> Result<HandshakeKind, String> {
+    let mut config = client_config(&[&rustls::version::TLS13]);
+    if retried {
+        let provider = rustls::crypto::CryptoProvider {
+            kx_groups: vec![
+                rustls::crypto::aws_lc_rs::kx_group::SECP384R1,
+                rustls::crypto::aws_lc_rs::kx_group::SECP256R1,
+            ],
+            ..provider()
+        };
+        config = ClientConfig::builder_with_provider(Arc::new(provider))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify))
+            .with_no_client_auth();
+    }
+    config.resumption = rustls::client::Resumption::disabled();
+    let mut s = tls_connect_with(addr, "localhost", config).map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let answer = read_to_close(&mut s);
+    assert!(answer.ends_with(HELLO), "{answer}");
+    s.conn
+        .handshake_kind()
+        .ok_or_else(|| "no handshake kind".into())
+}
+
 /// A handshake waiting for its signature does not hold up its worker: with
 /// the key server stopped, a full handshake waits for the key process, and
 /// meanwhile a keep-alive connection on the same (only) worker is answered
-/// at once. Signing used to block the worker's thread until the answer.
+/// at once. Signing used to block the worker's thread until the answer,
+/// and still did for a client asked to retry its ClientHello (the second
+/// hello was processed outside the suspendable call).
 #[test]
 fn a_handshake_waiting_for_its_signature_does_not_hold_up_the_worker() {
     let fx = Fixture::new();
-    let top = "[server]\nworkers = 1\nkey_timeout = \"20s\"\n";
+    let top = "[server]\nworkers = 1\nkey_timeout = \"20s\"\n\n[tls]\nkey_exchange_groups = [\"X25519\", \"secp256r1\"]\n";
     let server = Server::start(&fx, &fx.config(top, ""));
     let get = "GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n";
     let answer = |s: &mut TlsStream| -> Result<(), String> {
@@ -456,28 +494,39 @@ fn a_handshake_waiting_for_its_signature_does_not_hold_up_the_worker() {
             .unwrap()
             .success());
     };
-    sig("-STOP");
-    let addr = server.addr;
-    let waiting = std::thread::spawn(move || fetch(addr, "localhost", &rustls::version::TLS13));
-    // Time for its ClientHello to reach the worker and ask for a signature.
-    std::thread::sleep(Duration::from_millis(500));
-    kept.sock
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .unwrap();
-    let t0 = Instant::now();
-    let served = answer(&mut kept);
-    let took = t0.elapsed();
-    let still_waiting = !waiting.is_finished();
-    sig("-CONT");
-    served.unwrap_or_else(|e| {
-        panic!("the kept connection was not answered while a signature was awaited: {e}")
-    });
-    assert!(took < Duration::from_secs(1), "answered after {took:?}");
-    assert!(
-        still_waiting,
-        "the handshake did not wait for the stopped key server"
-    );
-    waiting.join().unwrap().unwrap();
+    for (retried, kind) in [
+        (false, HandshakeKind::Full),
+        (true, HandshakeKind::FullWithHelloRetryRequest),
+    ] {
+        sig("-STOP");
+        let addr = server.addr;
+        let waiting = std::thread::spawn(move || full_handshake(addr, retried));
+        // Time for its ClientHello (both, when retried) to reach the worker
+        // and ask for a signature.
+        std::thread::sleep(Duration::from_millis(500));
+        kept.sock
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        let t0 = Instant::now();
+        let served = answer(&mut kept);
+        let took = t0.elapsed();
+        let still_waiting = !waiting.is_finished();
+        sig("-CONT");
+        served.unwrap_or_else(|e| {
+            panic!(
+                "{kind:?}: the kept connection was not answered while a signature was awaited: {e}"
+            )
+        });
+        assert!(
+            took < Duration::from_secs(1),
+            "{kind:?}: answered after {took:?}"
+        );
+        assert!(
+            still_waiting,
+            "{kind:?}: the handshake did not wait for the stopped key server"
+        );
+        assert_eq!(waiting.join().unwrap(), Ok(kind));
+    }
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
 
