@@ -423,9 +423,21 @@ impl KeyClient {
             .collect())
     }
 
-    /// Records the keys the running configuration uses.
+    /// Records the keys the running configuration uses, and tells the key
+    /// server: any other it holds (one a reload dropped) stops signing
+    /// once the handshakes begun under the old configuration may have
+    /// ended.
     pub fn set_active(&self, ids: Vec<u64>) {
+        let keep: Vec<u64> = ids.iter().take(proto::MAX_KEYS).copied().collect();
         *lock(&self.inner.active) = ids;
+        let Some(conn) = lock(&self.inner.current).clone() else {
+            return;
+        };
+        match conn.call(self.inner.id(), &Request::Retain { keep }, LOAD_TIMEOUT) {
+            Ok(Response::Loaded(_)) => {}
+            Ok(other) => tracing::warn!("the key server did not retire unused keys: {other:?}"),
+            Err(e) => tracing::warn!("the key server did not retire unused keys: {e}"),
+        }
     }
 
     /// Starts the threads: the reader of the current connection and the

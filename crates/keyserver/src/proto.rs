@@ -91,6 +91,13 @@ pub enum Request {
     /// a lane of one worker thread, which then writes a request and reads
     /// its answer itself, with no thread in between. Not answered.
     Lane,
+    /// The running configuration uses only the keys in `keep`: any other
+    /// stops signing once the handshakes begun before may have ended.
+    /// Answered with an empty [`Response::Loaded`].
+    Retain {
+        /// Key ids the running configuration uses.
+        keep: Vec<u64>,
+    },
 }
 
 /// Why the key process did not sign.
@@ -301,8 +308,13 @@ pub fn encode_request(out: &mut Vec<u8>, id: u64, req: &Request) {
             w.bytes16(message);
             end(out, start);
         }
-        Request::Load { keep } => {
-            let start = begin(out, 0x02, id);
+        Request::Load { keep } | Request::Retain { keep } => {
+            let kind = if matches!(req, Request::Load { .. }) {
+                0x02
+            } else {
+                0x04
+            };
+            let start = begin(out, kind, id);
             let mut w = Writer(out);
             w.len16(keep.len());
             for k in keep.iter().take(usize::from(u16::MAX)) {
@@ -403,11 +415,15 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), ProtoError> {
                 message,
             }
         }
-        0x02 => {
+        kind @ (0x02 | 0x04) => {
             let n = usize::from(r.u16("keep count")?);
             let n = r.count(n, MAX_KEYS, 8, "keep count")?;
             let keep = (0..n).map(|_| r.u64("keep")).collect::<Result<_, _>>()?;
-            Request::Load { keep }
+            if kind == 0x02 {
+                Request::Load { keep }
+            } else {
+                Request::Retain { keep }
+            }
         }
         0x03 => Request::Lane,
         k => return Err(ProtoError::Kind(k)),
@@ -629,6 +645,7 @@ mod tests {
             },
             Request::Load { keep: vec![] },
             Request::Lane,
+            Request::Retain { keep: vec![7, 8] },
         ]
     }
 

@@ -47,6 +47,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const HEALTHY_AFTER: Duration = Duration::from_secs(30);
 /// How long an answer may wait for the network-facing process to read.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Capacity of the answer buffer kept between wake-ups.
+const OUT_KEPT: usize = 64 * 1024;
 /// Most lanes served at once (one thread each); the network side opens one
 /// per worker thread. A lane over the bound is closed at once, and its
 /// worker signs over the shared connection.
@@ -109,12 +111,57 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
 
 /// Loaded keys by [`KeyInfo::id`], shared by the main loop (which
 /// replaces them on `load`) and the lanes (which sign with them).
-type KeyMap = Arc<RwLock<HashMap<u64, Arc<dyn SigningKey>>>>;
+type KeyMap = Arc<RwLock<HashMap<u64, Held>>>;
+
+/// A loaded key, and when it stops signing if the running configuration
+/// no longer uses it.
+#[derive(Clone)]
+struct Held {
+    key: Arc<dyn SigningKey>,
+    retired_until: Option<Instant>,
+}
+
+impl Held {
+    fn signs(&self, now: Instant) -> bool {
+        self.retired_until.is_none_or(|t| now < t)
+    }
+}
 
 /// The keys the key server holds.
 struct Keys {
     by_id: KeyMap,
     self_signed: SelfSignedCache,
+    /// How long a key the configuration dropped still signs for the
+    /// handshakes begun before: `handshake_timeout` + `key_timeout` of the
+    /// configuration last loaded.
+    grace: Duration,
+}
+
+/// Whether `message` is what a TLS server signs in a handshake, the only
+/// use of the keys here. A network process taken over by an attacker must
+/// not get signatures over bytes of its choice (a certificate request, a
+/// token): only a TLS 1.3 server CertificateVerify (RFC 8446 §4.4.3, over
+/// a SHA-256 or SHA-384 transcript hash) or a TLS 1.2 ServerKeyExchange
+/// (RFC 8422 §5.4: both randoms, then a named curve and its point).
+fn is_handshake_signature_input(message: &[u8]) -> bool {
+    const TLS13_CONTEXT: &[u8] = b"TLS 1.3, server CertificateVerify\0";
+    if let Some(rest) = message.strip_prefix(&[0x20; 64]) {
+        if let Some(hash) = rest.strip_prefix(TLS13_CONTEXT) {
+            return matches!(hash.len(), 32 | 48);
+        }
+    }
+    // client_random, server_random, curve_type named_curve (3), the
+    // curve, the point's length and the point.
+    let Some(&[3, hi, lo, len]) = message.get(64..68) else {
+        return false;
+    };
+    let point = match u16::from_be_bytes([hi, lo]) {
+        0x001d => 32, // X25519
+        0x0017 => 65, // secp256r1, uncompressed
+        0x0018 => 97, // secp384r1, uncompressed
+        _ => return false,
+    };
+    usize::from(len) == point && message.len() == 68 + point
 }
 
 fn sign_with(
@@ -123,11 +170,15 @@ fn sign_with(
     scheme: rustls::SignatureScheme,
     message: &[u8],
 ) -> Response {
+    if !is_handshake_signature_input(message) {
+        return Response::Failed(Failure::BadRequest);
+    }
     let key = by_id
         .read()
         .unwrap_or_else(PoisonError::into_inner)
         .get(&key_id)
-        .cloned();
+        .filter(|h| h.signs(Instant::now()))
+        .map(|h| h.key.clone());
     let Some(key) = key else {
         return Response::Failed(Failure::UnknownKey);
     };
@@ -145,9 +196,25 @@ impl Keys {
         sign_with(&self.by_id, key_id, scheme, message)
     }
 
+    /// The running configuration uses only `keep`: every other key stops
+    /// signing after the grace (a deadline once set is never moved).
+    fn retain(&mut self, keep: &[u64]) -> Response {
+        let now = Instant::now();
+        let mut current = self.by_id.write().unwrap_or_else(PoisonError::into_inner);
+        current.retain(|_, h| h.signs(now));
+        for (id, held) in current.iter_mut() {
+            if !keep.contains(id) && held.retired_until.is_none() {
+                held.retired_until = Some(now + self.grace);
+            }
+        }
+        Response::Loaded(Vec::new())
+    }
+
     /// Reads the configuration and every key again. On success the loaded
     /// keys replace the old ones, except those in `keep` that are gone
-    /// (the running configuration of the network side still uses them).
+    /// (the running configuration of the network side still uses them
+    /// until a `retain` says otherwise; one already retired keeps its
+    /// deadline, so asking again does not keep a dropped key alive).
     fn load(&mut self, config: Result<Config, ConfigError>, keep: &[u64]) -> Response {
         let fail = |e: ConfigError| {
             Response::LoadFailed(LoadError {
@@ -177,7 +244,13 @@ impl Keys {
                         "a private key cannot state its public key",
                     ));
                 };
-                by_id.insert(info.id, key);
+                by_id.insert(
+                    info.id,
+                    Held {
+                        key,
+                        retired_until: None,
+                    },
+                );
                 entries.push(CertEntry {
                     default: c.default,
                     names: c.names.clone(),
@@ -192,13 +265,18 @@ impl Keys {
             }
             listeners.push(entries);
         }
+        let now = Instant::now();
         let mut current = self.by_id.write().unwrap_or_else(PoisonError::into_inner);
         for id in keep {
-            if let Some(old) = current.get(id) {
+            if let Some(old) = current.get(id).filter(|h| h.signs(now)) {
                 by_id.entry(*id).or_insert_with(|| old.clone());
             }
         }
         *current = by_id;
+        self.grace = config
+            .limits
+            .handshake_timeout
+            .saturating_add(config.keys.timeout);
         Response::Loaded(listeners)
     }
 }
@@ -218,10 +296,11 @@ pub fn serve(
     let mut keys = Keys {
         by_id: Arc::default(),
         self_signed: SelfSignedCache::default(),
+        grace: Duration::ZERO,
     };
     let lanes = Arc::new(AtomicUsize::new(0));
     let mut input = Deframer::new(proto::MAX_REQUEST);
-    let mut out = Vec::with_capacity(64 * 1024);
+    let mut out = Vec::with_capacity(OUT_KEPT);
     // Sockets that came with the bytes read, each for a `lane` request.
     let mut fds: Vec<OwnedFd> = Vec::new();
     loop {
@@ -233,7 +312,14 @@ pub fn serve(
         if input.read_from(&mut reader)? == 0 {
             return Ok(());
         }
+        // What answers to the last wake-up's loads held goes back.
+        if out.capacity() > OUT_KEPT {
+            out = Vec::with_capacity(OUT_KEPT);
+        }
         out.clear();
+        // One load per wake-up: each reads every key, and its answer may
+        // be megabytes; the network side never sends two at once.
+        let mut loaded = false;
         loop {
             let frame = match input.next_frame() {
                 Ok(Some(f)) => f,
@@ -252,7 +338,12 @@ pub fn serve(
                         message,
                     },
                 )) => (id, keys.sign(key_id, scheme, &message)),
-                Ok((id, Request::Load { keep })) => (id, keys.load(load_config(), &keep)),
+                Ok((id, Request::Load { keep })) if !loaded => {
+                    loaded = true;
+                    (id, keys.load(load_config(), &keep))
+                }
+                Ok((id, Request::Load { .. })) => (id, Response::Failed(Failure::BadRequest)),
+                Ok((id, Request::Retain { keep })) => (id, keys.retain(&keep)),
                 Ok((id, Request::Lane)) => {
                     // The socket came with this frame's first byte: the
                     // oldest not yet taken.
@@ -380,6 +471,177 @@ mod tests {
         out
     }
 
+    /// What a TLS 1.3 server signs, over a SHA-256 transcript hash.
+    fn tls13_input() -> Vec<u8> {
+        let mut m = vec![0x20; 64];
+        m.extend_from_slice(b"TLS 1.3, server CertificateVerify\0");
+        m.extend_from_slice(&[7; 32]);
+        m
+    }
+
+    /// A TLS 1.2 ServerKeyExchange's signed part for `group`.
+    fn tls12_input(group: u16, point: usize) -> Vec<u8> {
+        let mut m = vec![1; 64];
+        m.push(3);
+        m.extend_from_slice(&group.to_be_bytes());
+        m.push(point as u8);
+        m.extend(std::iter::repeat_n(4, point));
+        m
+    }
+
+    #[test]
+    fn only_what_a_tls_server_signs_is_signed() {
+        assert!(is_handshake_signature_input(&tls13_input()));
+        let mut sha384 = tls13_input();
+        sha384.extend_from_slice(&[7; 16]);
+        assert!(is_handshake_signature_input(&sha384));
+        for (group, point) in [(0x1d, 32), (0x17, 65), (0x18, 97)] {
+            assert!(is_handshake_signature_input(&tls12_input(group, point)));
+            let mut longer = tls12_input(group, point);
+            longer.push(0);
+            assert!(!is_handshake_signature_input(&longer));
+        }
+        let mut client = tls13_input();
+        client[64..70].copy_from_slice(b"TLS 1.");
+        client[73..79].copy_from_slice(b"client");
+        for refused in [
+            b"hello".to_vec(),
+            Vec::new(),
+            client,
+            tls13_input()[..129].to_vec(),
+            tls12_input(0x1d, 65),
+            tls12_input(0x99, 32),
+            vec![0x20; 200],
+        ] {
+            assert!(!is_handshake_signature_input(&refused), "{refused:?}");
+        }
+    }
+
+    /// A key pair on disk as `NAME.pem` / `NAME.key` under `dir`.
+    fn key_files(dir: &Path, name: &str) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec![format!("{name}.test")])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert.pem()).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+    }
+
+    /// A key a reload dropped signs for the grace (the old configuration's
+    /// handshakes), then never again, however the network side asks.
+    #[test]
+    fn a_key_dropped_by_a_reload_stops_signing_after_the_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("site")).unwrap();
+        key_files(dir.path(), "a");
+        key_files(dir.path(), "b");
+        let toml = dir.path().join("t.toml");
+        let config = |names: &[&str]| {
+            let mut t = "[server]\nkey_timeout = \"1s\"\n[limits]\nhandshake_timeout = \"1s\"\n[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"site\"\n".to_string();
+            for n in names {
+                t.push_str(&format!(
+                    "[[listener.certificate]]\ncert = \"{n}.pem\"\nkey = \"{n}.key\"\n"
+                ));
+            }
+            std::fs::write(&toml, t).unwrap();
+        };
+        config(&["a", "b"]);
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let file = toml.clone();
+        std::thread::spawn(move || {
+            serve(theirs, move || {
+                tlsgate_config::load(Some(&file), &Default::default(), Path::new("/"))
+            })
+        });
+        let mut ask = |req: Request| {
+            let mut buf = Vec::new();
+            proto::encode_request(&mut buf, 1, &req);
+            ours.write_all(&buf).unwrap();
+            answers(&mut ours, 1).remove(0).1
+        };
+        let Response::Loaded(l) = ask(Request::Load { keep: vec![] }) else {
+            panic!("not loaded")
+        };
+        let (a, b) = (l[0][0].key.id, l[0][1].key.id);
+        let sign = |key_id| Request::Sign {
+            key_id,
+            scheme: rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
+            message: tls13_input(),
+        };
+        // Anything but a handshake's input is refused, even with a good key.
+        let hello = Request::Sign {
+            key_id: a,
+            scheme: rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
+            message: b"hello".to_vec(),
+        };
+        assert_eq!(ask(hello), Response::Failed(Failure::BadRequest));
+        // The reload drops a; the running configuration still uses it.
+        config(&["b"]);
+        assert!(matches!(
+            ask(Request::Load { keep: vec![a, b] }),
+            Response::Loaded(_)
+        ));
+        assert!(matches!(ask(sign(a)), Response::Signature(_)));
+        // The new configuration runs: a signs for the grace (2 s), then not.
+        let t0 = Instant::now();
+        assert_eq!(
+            ask(Request::Retain { keep: vec![b] }),
+            Response::Loaded(vec![])
+        );
+        assert!(matches!(ask(sign(a)), Response::Signature(_)));
+        std::thread::sleep(Duration::from_millis(2100).saturating_sub(t0.elapsed()));
+        assert_eq!(ask(sign(a)), Response::Failed(Failure::UnknownKey));
+        assert!(matches!(ask(sign(b)), Response::Signature(_)));
+        // Asking to keep it again does not bring it back.
+        assert!(matches!(
+            ask(Request::Load { keep: vec![a, b] }),
+            Response::Loaded(_)
+        ));
+        assert_eq!(ask(sign(a)), Response::Failed(Failure::UnknownKey));
+        // Unless the configuration names it again.
+        config(&["a", "b"]);
+        assert!(matches!(
+            ask(Request::Load { keep: vec![b] }),
+            Response::Loaded(_)
+        ));
+        assert!(matches!(ask(sign(a)), Response::Signature(_)));
+    }
+
+    /// Loads in one read: only the first is answered with the keys.
+    #[test]
+    fn one_load_per_wake_up() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("site")).unwrap();
+        key_files(dir.path(), "a");
+        let toml = dir.path().join("t.toml");
+        std::fs::write(
+            &toml,
+            "[[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"a.pem\"\nkey = \"a.key\"\n",
+        )
+        .unwrap();
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || {
+            serve(theirs, move || {
+                tlsgate_config::load(Some(&toml), &Default::default(), Path::new("/"))
+            })
+        });
+        let mut buf = Vec::new();
+        for id in 1..=50 {
+            proto::encode_request(&mut buf, id, &Request::Load { keep: vec![] });
+        }
+        ours.write_all(&buf).unwrap();
+        let got = answers(&mut ours, 50);
+        assert!(matches!(got[0], (1, Response::Loaded(_))), "{:?}", got[0]);
+        let refused = got
+            .iter()
+            .filter(|(_, r)| *r == Response::Failed(Failure::BadRequest))
+            .count();
+        // The first of each read is loaded; a write of 50 arrives in one
+        // read or a few.
+        assert!(refused >= 45, "{refused} refused");
+    }
+
     #[test]
     fn signs_in_batches_refuses_garbage_and_stops_on_a_bad_length() {
         let dir = tempfile::tempdir().unwrap();
@@ -411,7 +673,7 @@ mod tests {
         let sign = |key_id| Request::Sign {
             key_id,
             scheme: rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
-            message: b"hello".to_vec(),
+            message: tls13_input(),
         };
         proto::encode_request(&mut buf, 3, &sign(7));
         ours.write_all(&buf).unwrap();
