@@ -57,11 +57,11 @@ impl Gate {
                     tracing::info!("XDP SynGate: set {name} (was {old}; restored at exit)");
                 }
                 tracing::info!(
-                    "XDP SynGate attached to {} (mode {}, ports {:?}, window scale {})",
+                    "XDP SynGate attached to {} (mode {}, ports {:?}, {})",
                     x.interface,
                     o.mode,
                     x.ports,
-                    held.attachment.wscale
+                    held.attachment.host
                 );
                 metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, true)));
                 Ok(Gate { held: Some(held) })

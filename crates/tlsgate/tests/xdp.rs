@@ -223,6 +223,26 @@ impl Lab {
         skbs + frames
     }
 
+    /// `tlsgate xdp attach --mode always --manage-sysctls` for `port`.
+    fn attach_always_cmd(&self, port: u16) -> Command {
+        self.tlsgate(&[
+            "xdp",
+            "attach",
+            "--iface",
+            &self.srv_if,
+            "--port",
+            &port.to_string(),
+            "--mode",
+            "always",
+            "--manage-sysctls",
+        ])
+    }
+
+    /// [`Lab::attach_always_cmd`], which must succeed; what it printed.
+    fn attach_always(&self, port: u16) -> String {
+        ok(&mut self.attach_always_cmd(port))
+    }
+
     fn stats(&self) -> serde_json::Value {
         let out = ok(&mut self.tlsgate(&["xdp", "stats", "--iface", &self.srv_if, "--json"]));
         serde_json::from_str(&out).unwrap()
@@ -414,21 +434,11 @@ fn tls_through_xdp_cookies_over_ipv4_and_ipv6() {
         assert!(!lab.xdp_on_srv_if());
     }
 
-    let attached = ok(&mut lab.tlsgate(&[
-        "xdp",
-        "attach",
-        "--iface",
-        &lab.srv_if,
-        "--port",
-        "8443",
-        "--mode",
-        "always",
-        "--manage-sysctls",
-    ]));
+    let attached = lab.attach_always(8443);
     let wscale: u32 = attached
         .split("window scale ")
         .nth(1)
-        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.split(',').next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no window scale in {attached:?}"));
     assert!(
@@ -1018,4 +1028,132 @@ fn bench_synflood_quick_reports_every_cell() {
         !left.contains(&format!("tgbench-s-{pid}")) && !left.contains(&format!("tgbench-c-{pid}")),
         "namespaces left: {left}"
     );
+}
+
+/// A TCP sink for the server namespace (`python3 -c SINK PORT`): on
+/// `[::]:PORT`, dual stack, it reads each connection to its end and answers
+/// with the number of bytes read.
+const SINK: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(("::", int(sys.argv[1])))
+s.listen(16)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(20)
+    n = 0
+    try:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            n += len(b)
+        c.sendall(str(n).encode())
+    except OSError:
+        pass
+    c.close()
+"#;
+
+/// An upload (`python3 -c UPLOAD HOST PORT BYTES`): connects, sends BYTES
+/// zeros, reads the sink's count; prints `mss M reply N` (M: the send MSS
+/// the client took from the SYN-ACK) or `mss M error E` and exits 1.
+const UPLOAD: &str = r#"
+import socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect((host, port))
+mss = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+try:
+    s.sendall(bytes(n))
+    s.shutdown(socket.SHUT_WR)
+    reply = s.recv(64).decode()
+except OSError as e:
+    print(f"mss {mss} error {e}")
+    sys.exit(1)
+print(f"mss {mss} reply {reply}")
+"#;
+
+/// A background process that is killed when dropped.
+struct Bg(Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts [`SINK`] on `port` in the server namespace and waits until it
+/// listens.
+fn sink(lab: &Lab, port: u16) -> Bg {
+    use std::io::BufRead;
+    let mut child = lab
+        .in_srv(&["python3", "-c", SINK, &port.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "the sink did not start");
+    Bg(child)
+}
+
+fn cookies_now(lab: &Lab) -> u64 {
+    counters(&lab.stats()).1
+}
+
+/// The server's MTU is smaller than the client's (1400 against 1500, TSO
+/// and GSO off on the client, so its segments leave as the MSS cuts
+/// them): a 100 KB upload through an XDP cookie works over IPv4 and IPv6
+/// only if the SYN-ACK advertises the server's own MSS (1360 and 1340)
+/// rather than echoing the client's (1460 and 1440), whose full-sized
+/// frames the server's interface drops.
+#[test]
+fn syn_ack_advertises_our_mss_so_uploads_fit_our_mtu() {
+    let lab = Lab::new("m");
+    sh(&[
+        "ip",
+        "-n",
+        &lab.srv,
+        "link",
+        "set",
+        "dev",
+        &lab.srv_if,
+        "mtu",
+        "1400",
+    ]);
+    ok(&mut lab.in_cli(&["ethtool", "-K", &lab.cli_if, "tso", "off", "gso", "off"]));
+    let _sink = sink(&lab, 9000);
+    lab.attach_always(9000);
+    // Our MSS less the 12 bytes of timestamps each segment carries.
+    for (host, max_mss) in [(SRV4, 1400 - 40 - 12), (SRV6, 1400 - 60 - 12)] {
+        let before = cookies_now(&lab);
+        let out = run(&mut lab.in_cli(&["python3", "-c", UPLOAD, host, "9000", "100000"]));
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        eprintln!("upload to {host}: {said}");
+        assert!(
+            out.status.success() && said.ends_with("reply 100000"),
+            "100 KB upload to {host} through a cookie: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mss: u32 = said
+            .split_whitespace()
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap();
+        assert!(
+            mss <= max_mss,
+            "the client sends {mss}-byte segments to {host}"
+        );
+        assert_eq!(cookies_now(&lab), before + 1, "answered from XDP");
+    }
+    let st = lab.stats();
+    assert_eq!(st["mss_ipv4"], 1360, "{st}");
+    assert_eq!(st["mss_ipv6"], 1340, "{st}");
 }

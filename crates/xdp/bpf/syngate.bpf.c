@@ -381,7 +381,9 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 		return NO_PRESSURE;
 	if (cookie < 0)
 		return FAILED;
-	mss = (__u16)(cookie >> 32);
+	/* The cookie keeps the client's MSS (bits 32-47 of what the helper
+	 * returns, for our sending side); the SYN-ACK says what we receive. */
+	mss = v6 ? cfg->mss6 : cfg->mss4;
 
 	/* Everything the reply needs from the SYN, before the frame changes. */
 	data = (void *)(long)ctx->data;

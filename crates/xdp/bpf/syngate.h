@@ -31,7 +31,11 @@ struct sg_config {
 	/* Top sources: a SYN answered in flood mode is counted when
 	 * (random & top_sample_mask) == 0; 0 counts every one. */
 	__u32 top_sample_mask;
-	__u32 pad;
+	/* Our MSS, advertised in SYN-ACKs (RFC 9293 3.7.1: the largest
+	 * segment we can receive): the interface's MTU less 40 (IPv4) or 60
+	 * (IPv6) bytes of headers, as the kernel's own advmss. */
+	__u16 mss4;
+	__u16 mss6;
 	/* For user space only (the program ignores them), so that the pinned
 	 * map describes the attachment by itself: the port of each slot
 	 * (0 = unused), and the sysctl values found before attach changed

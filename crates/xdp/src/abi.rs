@@ -73,13 +73,27 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// What the program takes from the host rather than from the SYN: read
+/// at attach (in the attaching process's network namespace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostView {
+    /// The receive window scale the kernel gives a cookie socket,
+    /// advertised in SYN-ACKs.
+    pub wscale: u32,
+    /// Our MSS over IPv4, advertised in SYN-ACKs: the interface's MTU
+    /// less 40.
+    pub mss4: u16,
+    /// Our MSS over IPv6: the interface's MTU less 60.
+    pub mss6: u16,
+}
+
 /// `struct sg_config`: the one entry of the `config` map.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The mode.
     pub mode: Mode,
-    /// The receive window scale advertised in SYN-ACKs.
-    pub wscale: u32,
+    /// What was read from the host.
+    pub host: HostView,
     /// Peacetime sampling interval (auto).
     pub t1: Duration,
     /// Flood mode ends after this long without a cookie (auto).
@@ -110,10 +124,12 @@ impl Config {
     pub fn encode(&self) -> [u8; CONFIG_SIZE] {
         let mut b = [0u8; CONFIG_SIZE];
         b[0..4].copy_from_slice(&self.mode.code().to_ne_bytes());
-        b[4..8].copy_from_slice(&self.wscale.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.host.wscale.to_ne_bytes());
         b[8..16].copy_from_slice(&nanos(self.t1).to_ne_bytes());
         b[16..24].copy_from_slice(&nanos(self.t2).to_ne_bytes());
         b[24..28].copy_from_slice(&self.top_sample_mask.to_ne_bytes());
+        b[28..30].copy_from_slice(&self.host.mss4.to_ne_bytes());
+        b[30..32].copy_from_slice(&self.host.mss6.to_ne_bytes());
         for (i, p) in self.slot_ports.iter().enumerate() {
             b[32 + 2 * i..34 + 2 * i].copy_from_slice(&p.to_ne_bytes());
         }
@@ -131,7 +147,11 @@ impl Config {
         }
         Some(Config {
             mode: Mode::from_code(u32::from_ne_bytes(get(b, 0)))?,
-            wscale: u32::from_ne_bytes(get(b, 4)),
+            host: HostView {
+                wscale: u32::from_ne_bytes(get(b, 4)),
+                mss4: u16::from_ne_bytes(get(b, 28)),
+                mss6: u16::from_ne_bytes(get(b, 30)),
+            },
             t1: Duration::from_nanos(u64::from_ne_bytes(get(b, 8))),
             t2: Duration::from_nanos(u64::from_ne_bytes(get(b, 16))),
             top_sample_mask: u32::from_ne_bytes(get(b, 24)),
@@ -225,7 +245,11 @@ mod tests {
     fn config_layout_matches_the_header() {
         let c = Config {
             mode: Mode::Auto,
-            wscale: 10,
+            host: HostView {
+                wscale: 10,
+                mss4: 1460,
+                mss6: 1440,
+            },
             t1: Duration::from_millis(1),
             t2: Duration::from_secs(2),
             top_sample_mask: 15,
@@ -239,7 +263,8 @@ mod tests {
         assert_eq!(&b[8..16], &1_000_000u64.to_ne_bytes());
         assert_eq!(&b[16..24], &2_000_000_000u64.to_ne_bytes());
         assert_eq!(&b[24..28], &15u32.to_ne_bytes());
-        assert_eq!(&b[28..32], &[0; 4]);
+        assert_eq!(&b[28..30], &1460u16.to_ne_bytes());
+        assert_eq!(&b[30..32], &1440u16.to_ne_bytes());
         assert_eq!(&b[32..34], &443u16.to_ne_bytes());
         assert_eq!(&b[62..64], &9u16.to_ne_bytes());
         assert_eq!(&b[64..68], &1i32.to_ne_bytes());

@@ -17,7 +17,7 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{ProgramError, Xdp, XdpFlags};
 use aya::EbpfLoader;
 
-use crate::abi::{Config, Mode, CONFIG_SIZE, MAX_PORTS};
+use crate::abi::{Config, HostView, Mode, CONFIG_SIZE, MAX_PORTS};
 use crate::sysctl::{Sysctls, SYNCOOKIES, TIMESTAMPS};
 use crate::{Error, OBJECT, PIN_ROOT};
 
@@ -70,13 +70,51 @@ impl AttachOptions {
     }
 }
 
+/// Our MSS for an interface MTU, `(IPv4, IPv6)`, as the kernel's own
+/// SYN-ACK advertises it (the route's advmss): `mtu - 40` but at least 256
+/// (`ip_rt_min_advmss`), and `mtu - 60` but at least 1220
+/// (`ip6_rt_min_advmss`).
+pub fn advmss(mtu: u32) -> (u16, u16) {
+    let clamp = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
+    (
+        clamp(mtu.saturating_sub(40).max(256)),
+        clamp(mtu.saturating_sub(60).max(1220)),
+    )
+}
+
+impl HostView {
+    /// Reads the interface's MTU and the sysctls.
+    pub fn read(iface: &str, sysctls: &Sysctls) -> Result<HostView, Error> {
+        let failed = |e: std::io::Error| Error::Interface {
+            iface: iface.into(),
+            detail: e.to_string(),
+        };
+        let (mss4, mss6) = advmss(tlsgate_sys::netdev::mtu(iface).map_err(failed)?);
+        Ok(HostView {
+            wscale: sysctls.cookie_wscale()?,
+            mss4,
+            mss6,
+        })
+    }
+}
+
+impl std::fmt::Display for HostView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "window scale {}, MSS {}/{} (IPv4/IPv6)",
+            self.wscale, self.mss4, self.mss6
+        )
+    }
+}
+
 /// An attachment made by [`attach`] or [`attach_held`].
 #[derive(Clone, Debug)]
 pub struct Attachment {
     /// The pin directory.
     pub dir: PathBuf,
-    /// The window scale advertised in SYN-ACKs.
-    pub wscale: u32,
+    /// What was read from the host.
+    pub host: HostView,
     /// Sysctls changed, with their old values.
     pub changed: Vec<(&'static str, i32)>,
 }
@@ -274,7 +312,7 @@ pub fn attach_with(
         sysctls,
         changed: sysctls.ensure(o.mode, o.manage_sysctls)?,
     };
-    let wscale = sysctls.cookie_wscale()?;
+    let host = HostView::read(&o.iface, sysctls)?;
     let saved = |name| {
         restore
             .changed
@@ -284,7 +322,7 @@ pub fn attach_with(
     };
     let config = Config {
         mode: o.mode,
-        wscale,
+        host,
         t1: o.t1,
         t2: o.t2,
         top_sample_mask: o.top_sample_mask,
@@ -347,14 +385,7 @@ pub fn attach_with(
         }
     };
     let changed = std::mem::take(&mut restore.changed);
-    Ok((
-        Attachment {
-            dir,
-            wscale,
-            changed,
-        },
-        link,
-    ))
+    Ok((Attachment { dir, host, changed }, link))
 }
 
 /// The `syngate` program of a loaded object.
@@ -495,6 +526,16 @@ mod tests {
         let msg = e.to_string();
         assert!(matches!(e, Error::Verifier { .. }), "{msg}");
         assert!(msg.contains("invalid access to packet"), "{msg}");
+    }
+
+    #[test]
+    fn our_mss_is_the_kernels_advmss() {
+        assert_eq!(advmss(1500), (1460, 1440));
+        assert_eq!(advmss(1400), (1360, 1340));
+        assert_eq!(advmss(9000), (8960, 8940));
+        // The kernel's floors (ip_rt_min_advmss, ip6_rt_min_advmss).
+        assert_eq!(advmss(68), (256, 1220));
+        assert_eq!(advmss(u32::MAX), (u16::MAX, u16::MAX));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub mod metrics;
 pub mod stats;
 pub mod sysctl;
 
-pub use abi::Mode;
+pub use abi::{HostView, Mode};
 pub use gate::{
     attach, attach_held, cleanup_stale, detach, AttachOptions, Attachment, Detached, Held,
 };
@@ -71,6 +71,14 @@ pub enum Error {
     /// The attach request itself is wrong (ports, interface name).
     #[error("{0}")]
     Invalid(String),
+    /// The interface's MTU could not be read.
+    #[error("interface {iface}: {detail}")]
+    Interface {
+        /// The interface.
+        iface: String,
+        /// What failed.
+        detail: String,
+    },
     /// bpffs is not mounted where the pins go.
     #[error("{path} is not a BPF filesystem (mount it: mount -t bpf bpf /sys/fs/bpf)")]
     NoBpffs {

@@ -40,6 +40,10 @@ pub struct Stats {
     pub mode: Mode,
     /// The window scale advertised in SYN-ACKs.
     pub wscale: u32,
+    /// Our MSS advertised in SYN-ACKs over IPv4.
+    pub mss_ipv4: u16,
+    /// Our MSS advertised in SYN-ACKs over IPv6.
+    pub mss_ipv6: u16,
     /// auto: t1 in milliseconds.
     pub t1_ms: u64,
     /// auto: t2 in milliseconds.
@@ -121,7 +125,9 @@ pub fn stats(pin_root: &Path, iface: &str) -> Result<Stats, Error> {
     Ok(Stats {
         iface: iface.into(),
         mode: config.mode,
-        wscale: config.wscale,
+        wscale: config.host.wscale,
+        mss_ipv4: config.host.mss4,
+        mss_ipv6: config.host.mss6,
         t1_ms: u64::try_from(config.t1.as_millis()).unwrap_or(u64::MAX),
         t2_ms: u64::try_from(config.t2.as_millis()).unwrap_or(u64::MAX),
         top_sample_mask: config.top_sample_mask,
@@ -134,8 +140,14 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "XDP SynGate on {}: mode {}, t1 {} ms, t2 {} ms, window scale {}",
-            self.iface, self.mode, self.t1_ms, self.t2_ms, self.wscale
+            "XDP SynGate on {}: mode {}, t1 {} ms, t2 {} ms, window scale {}, MSS {}/{} (IPv4/IPv6)",
+            self.iface,
+            self.mode,
+            self.t1_ms,
+            self.t2_ms,
+            self.wscale,
+            self.mss_ipv4,
+            self.mss_ipv6,
         )?;
         writeln!(
             f,
