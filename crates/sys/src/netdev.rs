@@ -1,8 +1,8 @@
-//! What an interface is, as the kernel's `SIOCGIF*` ioctls say it: its
-//! MTU, in the calling thread's network namespace (sysfs
+//! What an interface is, as the kernel's `SIOCGIF*` ioctls say it: its MTU
+//! and its MAC address, in the calling thread's network namespace (sysfs
 //! may show another one: `/sys` keeps the namespace it was mounted in, so a
 //! process moved with `nsenter --net` reads the host's interfaces there).
-//! The ioctl is the unsafe call of this module, with its `SAFETY` note.
+//! Two ioctls, the unsafe calls of this module, each with its `SAFETY` note.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -59,13 +59,39 @@ pub fn mtu(name: &str) -> io::Result<u32> {
     u32::try_from(mtu).map_err(|_| io::Error::other(format!("interface {name}: MTU {mtu}")))
 }
 
+/// The hardware address of the Ethernet interface `name`; an error for
+/// an interface that has none of 6 bytes (`ARPHRD_ETHER`).
+pub fn mac(name: &str) -> io::Result<[u8; 6]> {
+    let req = query(name, libc::SIOCGIFHWADDR, "SIOCGIFHWADDR")?;
+    // SAFETY: SIOCGIFHWADDR fills ifru_hwaddr, the member read.
+    let addr = unsafe { req.ifr_ifru.ifru_hwaddr };
+    if addr.sa_family != libc::ARPHRD_ETHER {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "interface {name} is not Ethernet (hardware type {})",
+                addr.sa_family
+            ),
+        ));
+    }
+    let mut mac = [0u8; 6];
+    for (m, b) in mac.iter_mut().zip(addr.sa_data.iter()) {
+        *m = *b as u8;
+    }
+    Ok(mac)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn loopback_has_an_mtu() {
+    fn loopback_has_an_mtu_and_no_ethernet_address() {
         assert!(mtu("lo").expect("lo exists") >= 1280);
+        assert_eq!(
+            mac("lo").expect_err("lo is not Ethernet").kind(),
+            io::ErrorKind::Unsupported
+        );
         assert!(mtu("no-such-if0").is_err());
         assert_eq!(
             mtu("a-name-far-too-long-for-linux").unwrap_err().kind(),

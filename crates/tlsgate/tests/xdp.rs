@@ -282,8 +282,14 @@ impl Tlsgate {
 
     /// Starts tlsgate; `tail` goes at the end of the file (an `[xdp]` table).
     fn spawn(lab: &Lab, fx: &Fixture, server: &str, tail: &str) -> Tlsgate {
+        let listen = format!("\"{SRV4}:8443\", \"[{SRV6}]:8443\"");
+        Tlsgate::spawn_on(lab, fx, &listen, server, tail)
+    }
+
+    /// [`Tlsgate::spawn`] with the listener's `listen` list (TOML items).
+    fn spawn_on(lab: &Lab, fx: &Fixture, listen: &str, server: &str, tail: &str) -> Tlsgate {
         let config = format!(
-            "[server]\nworkers = 2\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [\"{SRV4}:8443\", \"[{SRV6}]:8443\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
+            "[server]\nworkers = 2\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [{listen}]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
             root = fx.root,
             cert = fx.cert.cert,
             key = fx.cert.key,
@@ -1156,4 +1162,118 @@ fn syn_ack_advertises_our_mss_so_uploads_fit_our_mtu() {
     let st = lab.stats();
     assert_eq!(st["mss_ipv4"], 1360, "{st}");
     assert_eq!(st["mss_ipv6"], 1340, "{st}");
+}
+
+/// Sends one hand-made SYN from the client's interface (`python3 -c
+/// RAW_SYN IF SRC_MAC DST_MAC SRC DST PORT`, AF_PACKET) and watches that
+/// interface 1.5 s for the SYN-ACK: prints `SYN-ACK from ADDR` or
+/// `no SYN-ACK`.
+const RAW_SYN: &str = r#"
+import random, socket, struct, sys, time
+ifname, smac, dmac, src, dst, port = sys.argv[1:7]
+def mac(m):
+    return bytes.fromhex(m.replace(":", ""))
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+sport = random.randint(20000, 60000)
+opts = struct.pack("!BBH", 2, 4, 1460)
+tcp = struct.pack("!HHIIBBHHH", sport, int(port), random.getrandbits(32), 0, 6 << 4, 0x02, 64240, 0, 0) + opts
+if ":" in dst:
+    sa, da = socket.inet_pton(socket.AF_INET6, src), socket.inet_pton(socket.AF_INET6, dst)
+    tcp = tcp[:16] + struct.pack("!H", csum(sa + da + struct.pack("!IxxxB", len(tcp), 6) + tcp)) + tcp[18:]
+    ip = struct.pack("!IHBB", 6 << 28, len(tcp), 6, 64) + sa + da
+    etype = 0x86DD
+else:
+    sa, da = socket.inet_aton(src), socket.inet_aton(dst)
+    tcp = tcp[:16] + struct.pack("!H", csum(sa + da + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0, sa, da)
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    etype = 0x0800
+r = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+r.bind((ifname, 0))
+r.settimeout(0.2)
+r.send(mac(dmac) + mac(smac) + struct.pack("!H", etype) + ip + tcp)
+deadline = time.time() + 1.5
+while time.time() < deadline:
+    try:
+        f = r.recv(2048)
+    except socket.timeout:
+        continue
+    et = struct.unpack("!H", f[12:14])[0]
+    if et == 0x0800 and f[23] == 6:
+        t, frm = 14 + (f[14] & 15) * 4, socket.inet_ntoa(f[26:30])
+    elif et == 0x86DD and f[20] == 6:
+        t, frm = 54, socket.inet_ntop(socket.AF_INET6, f[22:38])
+    else:
+        continue
+    if struct.unpack("!H", f[t + 2 : t + 4])[0] == sport and f[t + 13] & 0x12 == 0x12:
+        print("SYN-ACK from", frm)
+        sys.exit(0)
+print("no SYN-ACK")
+"#;
+
+fn raw_syn(lab: &Lab, dst_mac: &str, src: &str, dst: &str) -> String {
+    let smac = Lab::link(&lab.cli, &lab.cli_if)["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = ok(&mut lab.in_cli(&[
+        "python3",
+        "-c",
+        RAW_SYN,
+        &lab.cli_if,
+        &smac,
+        dst_mac,
+        src,
+        dst,
+        "8443",
+    ]));
+    out.trim().to_string()
+}
+
+/// SYNs that are not for this host (another destination MAC, broadcast)
+/// reach the interface on a shared segment or in promiscuous mode; the
+/// kernel ignores them, and so must SynGate: a wildcard listener matches
+/// any destination address, so without a check SynGate would answer for
+/// other hosts' addresses. A SYN to the server's MAC and address is
+/// answered (the probe can see a SYN-ACK), and a client still connects.
+#[test]
+fn syns_for_other_hosts_get_no_syn_ack() {
+    let lab = Lab::new("o");
+    let fx = Fixture::new();
+    let server = Tlsgate::spawn_on(&lab, &fx, "\"0.0.0.0:8443\", \"[::]:8443\"", "", "");
+    server.wait_log("listening on https://[::]:8443");
+    lab.attach_always(8443);
+    let srv_mac = Lab::link(&lab.srv, &lab.srv_if)["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let foreign = "02:00:5e:00:53:01";
+    assert_eq!(
+        raw_syn(&lab, &srv_mac, CLI4, SRV4),
+        format!("SYN-ACK from {SRV4}")
+    );
+    for (dst_mac, src, dst) in [
+        (foreign, CLI4, "10.254.9.9"),
+        (foreign, CLI6, "fd00:254:9::9"),
+        (foreign, CLI4, SRV4),
+        ("ff:ff:ff:ff:ff:ff", CLI4, SRV4),
+        ("33:33:00:00:00:01", CLI6, SRV6),
+    ] {
+        assert_eq!(
+            raw_syn(&lab, dst_mac, src, dst),
+            "no SYN-ACK",
+            "a SYN to {dst_mac} {dst}"
+        );
+    }
+    fetch_hello(&lab);
+    let st = lab.stats();
+    let (syns, cookies, _, _) = counters(&st);
+    assert_eq!((syns, cookies), (2, 2), "only the SYNs for us: {st}");
+    drop(server);
 }

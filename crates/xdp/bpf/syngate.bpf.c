@@ -20,11 +20,18 @@
  * cannot be answered here (IPv4 options, IPv6 extension headers, no
  * listener, helper errors), passes to the kernel untouched.
  *
- * Not checked here: the SYN's checksum (a corrupt SYN gets a SYN-ACK; its
- * ACK, if any, meets the kernel's checks) and whether the destination is a
- * local address: a listener bound to a wildcard address matches any, so a
- * host that also forwards traffic for a protected port to other hosts must
+ * Only frames sent to the interface's own MAC address are answered; the
+ * rest (other hosts' frames seen on a shared segment or in promiscuous
+ * mode, broadcast, multicast) pass, and the kernel drops the TCP among
+ * them. The MAC, not the IP address, because the listener lookup cannot
+ * tell: a listener bound to a wildcard address matches any destination, and
+ * XDP has no cheap test of "a local address" (bpf_fib_lookup refuses on
+ * interfaces that do not forward). So a host that routes traffic for a
+ * protected port to other hosts (frames to its MAC, foreign addresses) must
  * bind its listeners to its own addresses.
+ *
+ * Not checked here: the SYN's checksum (a corrupt SYN gets a SYN-ACK; its
+ * ACK, if any, meets the kernel's checks).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -589,6 +596,10 @@ int syngate(struct xdp_md *ctx)
 	st = bpf_map_lookup_elem(&state, &slot);
 	if (!cfg || !cnt || !st)
 		return XDP_PASS;
+	/* Not sent to us (see the top of this file): not counted, not ours. */
+	for (int i = 0; i < ETH_ALEN; i++)
+		if (eth->h_dest[i] != cfg->if_mac[i])
+			return XDP_PASS;
 	cnt->syn_seen++;
 
 	now = bpf_ktime_get_ns();

@@ -43,6 +43,9 @@ struct sg_config {
 	__u16 slot_ports[SG_MAX_PORTS];
 	__s32 saved_syncookies;
 	__s32 saved_timestamps;
+	/* The interface's MAC address: only frames sent to it are answered. */
+	__u8 if_mac[6];
+	__u16 pad;
 };
 
 /* Per port slot and per CPU ("counters", a per-CPU array of these).
@@ -71,7 +74,7 @@ struct sg_state {
 };
 
 /* Sizes that abi.rs asserts too. */
-_Static_assert(sizeof(struct sg_config) == 72, "sg_config layout");
+_Static_assert(sizeof(struct sg_config) == 80, "sg_config layout");
 _Static_assert(sizeof(struct sg_counters) == 48, "sg_counters layout");
 _Static_assert(sizeof(struct sg_state) == 40, "sg_state layout");
 

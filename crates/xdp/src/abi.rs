@@ -12,7 +12,7 @@ use std::time::Duration;
 pub const MAX_PORTS: usize = 16;
 
 /// `sizeof(struct sg_config)`.
-pub const CONFIG_SIZE: usize = 72;
+pub const CONFIG_SIZE: usize = 80;
 /// `sizeof(struct sg_counters)`.
 pub const COUNTERS_SIZE: usize = 48;
 /// `sizeof(struct sg_state)`.
@@ -85,6 +85,8 @@ pub struct HostView {
     pub mss4: u16,
     /// Our MSS over IPv6: the interface's MTU less 60.
     pub mss6: u16,
+    /// The interface's MAC address: frames to any other pass.
+    pub if_mac: [u8; 6],
 }
 
 /// `struct sg_config`: the one entry of the `config` map.
@@ -135,6 +137,7 @@ impl Config {
         }
         b[64..68].copy_from_slice(&self.saved_syncookies.unwrap_or(-1).to_ne_bytes());
         b[68..72].copy_from_slice(&self.saved_timestamps.unwrap_or(-1).to_ne_bytes());
+        b[72..78].copy_from_slice(&self.host.if_mac);
         b
     }
 
@@ -151,6 +154,7 @@ impl Config {
                 wscale: u32::from_ne_bytes(get(b, 4)),
                 mss4: u16::from_ne_bytes(get(b, 28)),
                 mss6: u16::from_ne_bytes(get(b, 30)),
+                if_mac: get(b, 72),
             },
             t1: Duration::from_nanos(u64::from_ne_bytes(get(b, 8))),
             t2: Duration::from_nanos(u64::from_ne_bytes(get(b, 16))),
@@ -249,6 +253,7 @@ mod tests {
                 wscale: 10,
                 mss4: 1460,
                 mss6: 1440,
+                if_mac: [2, 0, 0x5e, 0, 0x53, 1],
             },
             t1: Duration::from_millis(1),
             t2: Duration::from_secs(2),
@@ -269,6 +274,8 @@ mod tests {
         assert_eq!(&b[62..64], &9u16.to_ne_bytes());
         assert_eq!(&b[64..68], &1i32.to_ne_bytes());
         assert_eq!(&b[68..72], &(-1i32).to_ne_bytes());
+        assert_eq!(&b[72..78], &[2, 0, 0x5e, 0, 0x53, 1]);
+        assert_eq!(&b[78..80], &[0; 2]);
         assert_eq!(Config::decode(&b), Some(c));
     }
 

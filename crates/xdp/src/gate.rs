@@ -83,7 +83,7 @@ pub fn advmss(mtu: u32) -> (u16, u16) {
 }
 
 impl HostView {
-    /// Reads the interface's MTU and the sysctls.
+    /// Reads the interface (MTU, MAC address) and the sysctls.
     pub fn read(iface: &str, sysctls: &Sysctls) -> Result<HostView, Error> {
         let failed = |e: std::io::Error| Error::Interface {
             iface: iface.into(),
@@ -94,16 +94,18 @@ impl HostView {
             wscale: sysctls.cookie_wscale()?,
             mss4,
             mss6,
+            if_mac: tlsgate_sys::netdev::mac(iface).map_err(failed)?,
         })
     }
 }
 
 impl std::fmt::Display for HostView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.if_mac;
         write!(
             f,
-            "window scale {}, MSS {}/{} (IPv4/IPv6)",
-            self.wscale, self.mss4, self.mss6
+            "window scale {}, MSS {}/{} (IPv4/IPv6), MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            self.wscale, self.mss4, self.mss6, m[0], m[1], m[2], m[3], m[4], m[5]
         )
     }
 }

@@ -71,7 +71,7 @@ pub enum Error {
     /// The attach request itself is wrong (ports, interface name).
     #[error("{0}")]
     Invalid(String),
-    /// The interface's MTU could not be read.
+    /// The interface's MTU or MAC address could not be read.
     #[error("interface {iface}: {detail}")]
     Interface {
         /// The interface.
