@@ -1164,6 +1164,38 @@ fn syn_ack_advertises_our_mss_so_uploads_fit_our_mtu() {
     assert_eq!(st["mss_ipv6"], 1340, "{st}");
 }
 
+/// With SACK or window scaling turned off on the server's host
+/// (`net.ipv4.tcp_sack = 0` is the CVE-2019-11477 mitigation), the kernel
+/// refuses a cookie ACK whose echoed timestamp says the option was agreed:
+/// SynGate must neither offer it nor encode it. A Linux client (which
+/// sends both) connects over IPv4 and IPv6 with each turned off.
+#[test]
+fn cookies_respect_sack_and_window_scaling_turned_off_on_the_host() {
+    let lab = Lab::new("k");
+    let fx = Fixture::new();
+    let _server = Tlsgate::start(&lab, &fx, "");
+    for knob in ["net.ipv4.tcp_sack", "net.ipv4.tcp_window_scaling"] {
+        ok(&mut lab.in_srv(&["sysctl", "-qw", &format!("{knob}=0")]));
+        lab.attach_always(8443);
+        for url in [
+            format!("https://{SRV4}:8443/hello.txt"),
+            format!("https://[{SRV6}]:8443/hello.txt"),
+        ] {
+            let before = cookies_now(&lab);
+            let args = curl_args(&url, &["--max-time", "10"]);
+            let out = run(&mut lab.in_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+            assert!(
+                out.status.success() && out.stdout == HELLO.as_bytes(),
+                "{url} with {knob}=0: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(cookies_now(&lab), before + 1, "{url}: answered from XDP");
+        }
+        ok(&mut lab.tlsgate(&["xdp", "detach", "--iface", &lab.srv_if]));
+        ok(&mut lab.in_srv(&["sysctl", "-qw", &format!("{knob}=1")]));
+    }
+}
+
 /// Sends one hand-made SYN from the client's interface (`python3 -c
 /// RAW_SYN IF SRC_MAC DST_MAC SRC DST PORT`, AF_PACKET) and watches that
 /// interface 1.5 s for the SYN-ACK: prints `SYN-ACK from ADDR` or

@@ -405,6 +405,12 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 	if ((void *)(th + 1) > data_end)
 		return FAILED;
 	parse_options(&tc, thlen & 0x3f, &si);
+	/* Options the host turned off are neither offered nor encoded: the
+	 * kernel's cookie check refuses an ACK whose TSecr claims them. */
+	if (!(cfg->flags & SG_F_SACK))
+		si.sack = 0;
+	if (!(cfg->flags & SG_F_WSCALE))
+		si.has_ws = 0;
 	__builtin_memcpy(src_mac, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(dst_mac, eth->h_dest, ETH_ALEN);
 	sport = th->source;

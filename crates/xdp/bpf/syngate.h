@@ -45,8 +45,14 @@ struct sg_config {
 	__s32 saved_timestamps;
 	/* The interface's MAC address: only frames sent to it are answered. */
 	__u8 if_mac[6];
-	__u16 pad;
+	/* SG_F_*: the TCP options the host allows (its sysctls); the kernel
+	 * refuses a cookie ACK that claims one it does not. */
+	__u16 flags;
 };
+
+/* struct sg_config.flags */
+#define SG_F_SACK 1   /* net.ipv4.tcp_sack */
+#define SG_F_WSCALE 2 /* net.ipv4.tcp_window_scaling */
 
 /* Per port slot and per CPU ("counters", a per-CPU array of these).
  * Every SYN seen is either answered (cookies) or passed:

@@ -73,6 +73,11 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// `SG_F_SACK`.
+const F_SACK: u16 = 1;
+/// `SG_F_WSCALE`.
+const F_WSCALE: u16 = 2;
+
 /// What the program takes from the host rather than from the SYN: read
 /// at attach (in the attaching process's network namespace).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,6 +92,10 @@ pub struct HostView {
     pub mss6: u16,
     /// The interface's MAC address: frames to any other pass.
     pub if_mac: [u8; 6],
+    /// SACK may be offered (`net.ipv4.tcp_sack`).
+    pub sack: bool,
+    /// Window scaling may be offered (`net.ipv4.tcp_window_scaling`).
+    pub window_scaling: bool,
 }
 
 /// `struct sg_config`: the one entry of the `config` map.
@@ -138,6 +147,13 @@ impl Config {
         b[64..68].copy_from_slice(&self.saved_syncookies.unwrap_or(-1).to_ne_bytes());
         b[68..72].copy_from_slice(&self.saved_timestamps.unwrap_or(-1).to_ne_bytes());
         b[72..78].copy_from_slice(&self.host.if_mac);
+        let flags = if self.host.sack { F_SACK } else { 0 }
+            | if self.host.window_scaling {
+                F_WSCALE
+            } else {
+                0
+            };
+        b[78..80].copy_from_slice(&flags.to_ne_bytes());
         b
     }
 
@@ -148,6 +164,7 @@ impl Config {
         for (i, p) in slot_ports.iter_mut().enumerate() {
             *p = u16::from_ne_bytes(get(b, 32 + 2 * i));
         }
+        let flags = u16::from_ne_bytes(get(b, 78));
         Some(Config {
             mode: Mode::from_code(u32::from_ne_bytes(get(b, 0)))?,
             host: HostView {
@@ -155,6 +172,8 @@ impl Config {
                 mss4: u16::from_ne_bytes(get(b, 28)),
                 mss6: u16::from_ne_bytes(get(b, 30)),
                 if_mac: get(b, 72),
+                sack: flags & F_SACK != 0,
+                window_scaling: flags & F_WSCALE != 0,
             },
             t1: Duration::from_nanos(u64::from_ne_bytes(get(b, 8))),
             t2: Duration::from_nanos(u64::from_ne_bytes(get(b, 16))),
@@ -254,6 +273,8 @@ mod tests {
                 mss4: 1460,
                 mss6: 1440,
                 if_mac: [2, 0, 0x5e, 0, 0x53, 1],
+                sack: false,
+                window_scaling: true,
             },
             t1: Duration::from_millis(1),
             t2: Duration::from_secs(2),
@@ -275,7 +296,7 @@ mod tests {
         assert_eq!(&b[64..68], &1i32.to_ne_bytes());
         assert_eq!(&b[68..72], &(-1i32).to_ne_bytes());
         assert_eq!(&b[72..78], &[2, 0, 0x5e, 0, 0x53, 1]);
-        assert_eq!(&b[78..80], &[0; 2]);
+        assert_eq!(&b[78..80], &2u16.to_ne_bytes());
         assert_eq!(Config::decode(&b), Some(c));
     }
 
@@ -306,6 +327,8 @@ mod tests {
             assert!(h.contains(&line), "syngate.h must assert {line}");
         }
         assert!(h.contains(&format!("#define SG_MAX_PORTS {MAX_PORTS}")));
+        assert!(h.contains(&format!("#define SG_F_SACK {F_SACK} ")));
+        assert!(h.contains(&format!("#define SG_F_WSCALE {F_WSCALE} ")));
     }
 
     #[test]

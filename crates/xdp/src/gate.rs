@@ -18,7 +18,7 @@ use aya::programs::{ProgramError, Xdp, XdpFlags};
 use aya::EbpfLoader;
 
 use crate::abi::{Config, HostView, Mode, CONFIG_SIZE, MAX_PORTS};
-use crate::sysctl::{Sysctls, SYNCOOKIES, TIMESTAMPS};
+use crate::sysctl::{Sysctls, SACK, SYNCOOKIES, TIMESTAMPS, WINDOW_SCALING};
 use crate::{Error, OBJECT, PIN_ROOT};
 
 /// The maps pinned beside the link, by their names in the program.
@@ -95,6 +95,8 @@ impl HostView {
             mss4,
             mss6,
             if_mac: tlsgate_sys::netdev::mac(iface).map_err(failed)?,
+            sack: sysctls.enabled(SACK)?,
+            window_scaling: sysctls.enabled(WINDOW_SCALING)?,
         })
     }
 }
@@ -104,8 +106,13 @@ impl std::fmt::Display for HostView {
         let m = self.if_mac;
         write!(
             f,
-            "window scale {}, MSS {}/{} (IPv4/IPv6), MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            self.wscale, self.mss4, self.mss6, m[0], m[1], m[2], m[3], m[4], m[5]
+            "window scale {}, MSS {}/{} (IPv4/IPv6), SACK {}, window scaling {}, MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            self.wscale,
+            self.mss4,
+            self.mss6,
+            if self.sack { "on" } else { "off" },
+            if self.window_scaling { "on" } else { "off" },
+            m[0], m[1], m[2], m[3], m[4], m[5]
         )
     }
 }
@@ -315,6 +322,14 @@ pub fn attach_with(
         changed: sysctls.ensure(o.mode, o.manage_sysctls)?,
     };
     let host = HostView::read(&o.iface, sysctls)?;
+    if !host.sack || !host.window_scaling {
+        tracing::info!(
+            "XDP SynGate on {}: SYN-ACKs offer no {} ({} = 0 on this host)",
+            o.iface,
+            if host.sack { "window scaling" } else { "SACK" },
+            if host.sack { WINDOW_SCALING } else { SACK },
+        );
+    }
     let saved = |name| {
         restore
             .changed

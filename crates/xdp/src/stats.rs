@@ -44,6 +44,10 @@ pub struct Stats {
     pub mss_ipv4: u16,
     /// Our MSS advertised in SYN-ACKs over IPv6.
     pub mss_ipv6: u16,
+    /// SACK offered (the host allows it).
+    pub sack: bool,
+    /// Window scaling offered (the host allows it).
+    pub window_scaling: bool,
     /// auto: t1 in milliseconds.
     pub t1_ms: u64,
     /// auto: t2 in milliseconds.
@@ -128,6 +132,8 @@ pub fn stats(pin_root: &Path, iface: &str) -> Result<Stats, Error> {
         wscale: config.host.wscale,
         mss_ipv4: config.host.mss4,
         mss_ipv6: config.host.mss6,
+        sack: config.host.sack,
+        window_scaling: config.host.window_scaling,
         t1_ms: u64::try_from(config.t1.as_millis()).unwrap_or(u64::MAX),
         t2_ms: u64::try_from(config.t2.as_millis()).unwrap_or(u64::MAX),
         top_sample_mask: config.top_sample_mask,
@@ -140,14 +146,16 @@ impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "XDP SynGate on {}: mode {}, t1 {} ms, t2 {} ms, window scale {}, MSS {}/{} (IPv4/IPv6)",
+            "XDP SynGate on {}: mode {}, t1 {} ms, t2 {} ms, window scale {}{}, MSS {}/{} (IPv4/IPv6){}",
             self.iface,
             self.mode,
             self.t1_ms,
             self.t2_ms,
             self.wscale,
+            if self.window_scaling { "" } else { " (not offered)" },
             self.mss_ipv4,
             self.mss_ipv6,
+            if self.sack { "" } else { ", no SACK" },
         )?;
         writeln!(
             f,
