@@ -51,8 +51,21 @@ impl Gate {
             generic: x.generic,
             ..AttachOptions::new(x.interface.clone(), x.ports.clone())
         };
-        match tlsgate_xdp::attach_held(&o) {
-            Ok(held) => {
+        // The maps are opened now, as root: the pins are root's, and the
+        // collector reads them after privileges are dropped.
+        let attached = tlsgate_xdp::attach_held(&o).and_then(|held| {
+            match XdpCollector::open(&root, &x.interface) {
+                Ok(collector) => Ok((held, collector)),
+                Err(e) => {
+                    if let Err(e) = held.release() {
+                        tracing::warn!("XDP SynGate: {e}");
+                    }
+                    Err(e)
+                }
+            }
+        });
+        match attached {
+            Ok((held, collector)) => {
                 for (name, old) in &held.attachment.changed {
                     tracing::info!("XDP SynGate: set {name} (was {old}; restored at exit)");
                 }
@@ -63,7 +76,7 @@ impl Gate {
                     x.ports,
                     held.attachment.host
                 );
-                metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, true)));
+                metrics.register_collector(Box::new(collector));
                 Ok(Gate { held: Some(held) })
             }
             Err(e) if x.optional => {
@@ -71,7 +84,7 @@ impl Gate {
                     "XDP SynGate could not attach to {}: {e}\nSERVING UNPROTECTED against SYN floods (xdp.optional = true)",
                     x.interface
                 );
-                metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, false)));
+                metrics.register_collector(Box::new(XdpCollector::unattached(&x.interface)));
                 Ok(Gate { held: None })
             }
             Err(e) => Err(StartError::Xdp {

@@ -1309,3 +1309,42 @@ fn syns_for_other_hosts_get_no_syn_ack() {
     assert_eq!((syns, cookies), (2, 2), "only the SYNs for us: {st}");
     drop(server);
 }
+
+fn xdp_metrics_table(srv_if: &str) -> String {
+    format!("[xdp]\ninterface = \"{srv_if}\"\nmode = \"always\"\nmanage_sysctls = true\n")
+}
+
+/// tlsgate serving as `nobody` after attaching (the pinned maps are root's,
+/// 0600): /metrics still reports SynGate attached with its counters,
+/// from the maps opened before privileges were dropped, and logs no
+/// warning per scrape.
+#[test]
+fn metrics_keep_xdp_counters_after_dropping_privileges() {
+    let lab = Lab::new("p");
+    let fx = Fixture::new();
+    let s = Tlsgate::spawn(
+        &lab,
+        &fx,
+        "user = \"nobody\"",
+        &xdp_metrics_table(&lab.srv_if),
+    );
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    fetch_hello(&lab);
+    fetch_hello(&lab);
+    for _ in 0..2 {
+        let m = metrics(&lab);
+        let iface = format!("interface=\"{}\"", lab.srv_if);
+        assert_eq!(
+            metric(&m, &format!("tlsgate_xdp_attached{{{iface}}}")),
+            Some(1.0),
+            "{m}"
+        );
+        let cookies = metric(
+            &m,
+            &format!("tlsgate_xdp_cookies_total{{{iface},port=\"8443\"}}"),
+        );
+        assert!(cookies.is_some_and(|c| c >= 2.0), "{m}");
+    }
+    assert!(!s.log().contains("XDP stats for /metrics"), "{}", s.log());
+}
