@@ -706,6 +706,17 @@ fn metrics(lab: &Lab) -> String {
     ]))
 }
 
+/// `tlsgate_xdp_attached` of the server's interface in /metrics.
+fn xdp_attached(lab: &Lab) -> Option<f64> {
+    let m = metrics(lab);
+    let v = metric(
+        &m,
+        &format!("tlsgate_xdp_attached{{interface=\"{}\"}}", lab.srv_if),
+    );
+    eprintln!("tlsgate_xdp_attached: {v:?}");
+    v
+}
+
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series))
@@ -812,15 +823,7 @@ fn serve_attaches_from_config_and_cleans_up_after_exit_and_crash() {
     assert!(s.log().contains("SERVING UNPROTECTED"), "{}", s.log());
     assert!(!lab.xdp_on_srv_if());
     fetch_hello(&lab);
-    let m = metrics(&lab);
-    assert_eq!(
-        metric(
-            &m,
-            &format!("tlsgate_xdp_attached{{interface=\"{}\"}}", lab.srv_if)
-        ),
-        Some(0.0),
-        "{m}"
-    );
+    assert_eq!(xdp_attached(&lab), Some(0.0));
 }
 
 /// SYNs of the sampled top sources (every answered SYN is sampled with
@@ -1347,4 +1350,66 @@ fn metrics_keep_xdp_counters_after_dropping_privileges() {
         assert!(cookies.is_some_and(|c| c >= 2.0), "{m}");
     }
     assert!(!s.log().contains("XDP stats for /metrics"), "{}", s.log());
+}
+
+/// `tlsgate xdp detach` and `attach` by hand against the interface a
+/// running `tlsgate serve` holds: both refuse (exit 2, saying why) and
+/// change nothing: the program, its pins, the sysctls, /metrics and the
+/// cookies all stay.
+#[test]
+fn cli_refuses_to_detach_or_attach_under_a_running_serve() {
+    let lab = Lab::new("h");
+    let fx = Fixture::new();
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp_metrics_table(&lab.srv_if));
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    let pins = PathBuf::from(tlsgate_xdp::PIN_ROOT).join(&lab.srv_if);
+    let listing = || {
+        let mut names: Vec<String> = std::fs::read_dir(&pins)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let sysctls = || {
+        (
+            lab.sysctl("net.ipv4.tcp_syncookies"),
+            lab.sysctl("net.ipv4.tcp_timestamps"),
+        )
+    };
+    let (pins_before, sysctls_before) = (listing(), sysctls());
+    assert_eq!(pins_before.len(), 6, "{pins_before:?}");
+    assert_eq!(sysctls_before.0, "2");
+
+    for mut cmd in [
+        lab.tlsgate(&["xdp", "detach", "--iface", &lab.srv_if]),
+        lab.attach_always_cmd(8443),
+    ] {
+        let args = format!("{cmd:?}");
+        let out = run(&mut cmd);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{args}: {said}");
+        assert_eq!(out.status.code(), Some(2), "{args}: {said}");
+        assert!(
+            said.contains("attached") && !said.contains("detached"),
+            "{said}"
+        );
+        assert_eq!(listing(), pins_before, "after {args}");
+        assert_eq!(sysctls(), sysctls_before, "after {args}");
+        assert!(lab.xdp_on_srv_if());
+        let before = cookies_now(&lab);
+        fetch_hello(&lab);
+        assert_eq!(cookies_now(&lab), before + 1, "still answered from XDP");
+        assert_eq!(xdp_attached(&lab), Some(1.0));
+    }
+    s.signal("TERM");
+    assert!(s.wait_exit().success(), "{}", s.log());
+    assert!(!lab.xdp_on_srv_if() && !pins.exists());
 }

@@ -79,6 +79,19 @@ pub enum Error {
         /// What failed.
         detail: String,
     },
+    /// The program is attached, held by a running process (`tlsgate serve`
+    /// with `[xdp]`) rather than by a pinned link: only that process may
+    /// remove it.
+    #[error(
+        "XDP SynGate on {iface} is attached and held by a running process (tlsgate serve with [xdp]?), \
+         not by a pinned link: stop that process to remove it; nothing changed (pins in {dir})"
+    )]
+    HeldByProcess {
+        /// The interface.
+        iface: String,
+        /// Its pin directory.
+        dir: String,
+    },
     /// bpffs is not mounted where the pins go.
     #[error("{path} is not a BPF filesystem (mount it: mount -t bpf bpf /sys/fs/bpf)")]
     NoBpffs {
