@@ -223,6 +223,22 @@ impl Lab {
         skbs + frames
     }
 
+    /// Sets the MTU of the server's end.
+    fn set_srv_mtu(&self, mtu: u32) {
+        let mtu = mtu.to_string();
+        sh(&[
+            "ip",
+            "-n",
+            &self.srv,
+            "link",
+            "set",
+            "dev",
+            &self.srv_if,
+            "mtu",
+            &mtu,
+        ]);
+    }
+
     /// `tlsgate xdp attach --mode always --manage-sysctls` for `port`.
     fn attach_always_cmd(&self, port: u16) -> Command {
         self.tlsgate(&[
@@ -411,6 +427,40 @@ fn server_socket_info(lab: &Lab) -> String {
     }
 }
 
+/// Fetches ten.bin (`data`) over IPv4, rate-limited so that ss sees the
+/// server's socket while it lasts; that socket's [`server_socket_info`].
+fn slow_fetch_socket_info(lab: &Lab, data: &[u8]) -> String {
+    let slow = curl_args(
+        &format!("https://{SRV4}:8443/ten.bin"),
+        &["--limit-rate", "4M"],
+    );
+    let child = lab
+        .in_cli(&slow.iter().map(String::as_str).collect::<Vec<_>>())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let info = server_socket_info(lab);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == data, "10 MiB over IPv4 differ");
+    eprintln!("server socket: {}", info.trim());
+    info
+}
+
+/// `server_socket_info`'s receive window scale (`wscale:SND,RCV`).
+fn rcv_wscale(info: &str) -> Option<u64> {
+    info.split("wscale:")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.split(',').nth(1))
+        .and_then(|s| s.parse().ok())
+}
+
 #[test]
 fn tls_through_xdp_cookies_over_ipv4_and_ipv6() {
     let lab = Lab::new("a");
@@ -456,36 +506,12 @@ fn tls_through_xdp_cookies_over_ipv4_and_ipv6() {
 
     // 10 MiB over TLS 1.3 (IPv4, rate-limited so that ss sees the socket),
     // TLS 1.2 over IPv4 and TLS 1.3 over IPv6, each through a cookie.
-    let slow = curl_args(
-        &format!("https://{SRV4}:8443/ten.bin"),
-        &["--limit-rate", "4M"],
-    );
-    let child = lab
-        .in_cli(&slow.iter().map(String::as_str).collect::<Vec<_>>())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let info = server_socket_info(&lab);
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "curl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.stdout == data, "10 MiB over IPv4 differ");
-    eprintln!("server socket: {}", info.trim());
+    let info = slow_fetch_socket_info(&lab, &data);
     assert!(info.contains(" ts "), "no timestamps: {info}");
     assert!(info.contains(" sack "), "no SACK: {info}");
-    let rcv_wscale = info
-        .split("wscale:")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.split(',').nth(1))
-        .and_then(|s| s.parse::<u32>().ok());
     assert_eq!(
-        rcv_wscale,
-        Some(wscale),
+        rcv_wscale(&info),
+        Some(u64::from(wscale)),
         "the server's receive window scale is the one XDP advertised: {info}"
     );
 
@@ -1126,17 +1152,7 @@ fn cookies_now(lab: &Lab) -> u64 {
 #[test]
 fn syn_ack_advertises_our_mss_so_uploads_fit_our_mtu() {
     let lab = Lab::new("m");
-    sh(&[
-        "ip",
-        "-n",
-        &lab.srv,
-        "link",
-        "set",
-        "dev",
-        &lab.srv_if,
-        "mtu",
-        "1400",
-    ]);
+    lab.set_srv_mtu(1400);
     ok(&mut lab.in_cli(&["ethtool", "-K", &lab.cli_if, "tso", "off", "gso", "off"]));
     let _sink = sink(&lab, 9000);
     lab.attach_always(9000);
@@ -1412,4 +1428,66 @@ fn cli_refuses_to_detach_or_attach_under_a_running_serve() {
     s.signal("TERM");
     assert!(s.wait_exit().success(), "{}", s.log());
     assert!(!lab.xdp_on_srv_if() && !pins.exists());
+}
+
+/// The host's receive buffers and the interface's MTU lowered under a
+/// running tlsgate: at SIGHUP it reads them again, so SynGate advertises
+/// the window scale the kernel now gives a cookie socket and the MSS of the
+/// new MTU, not the larger ones read at start.
+#[test]
+fn sighup_rereads_the_window_scale_and_mss() {
+    let lab = Lab::new("r");
+    let fx = Fixture::new();
+    let data = ten_mib(&fx);
+    // The scale comes from max(tcp_rmem[2], net.core.rmem_max); rmem_max
+    // is global, so the test raises tcp_rmem above it, then lowers it.
+    let rmem_max: i64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let high = rmem_max.max(1 << 20) * 8;
+    let (start, after) = (
+        tlsgate_xdp::sysctl::wscale_for(high),
+        tlsgate_xdp::sysctl::wscale_for(rmem_max.max(4096)),
+    );
+    assert_ne!(start, after, "the test cannot move the window scale");
+    let rmem = |max: i64| format!("net.ipv4.tcp_rmem=4096 131072 {max}");
+    ok(&mut lab.in_srv(&["sysctl", "-qw", &rmem(high)]));
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp_metrics_table(&lab.srv_if));
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    let st = lab.stats();
+    assert_eq!(
+        (st["wscale"].as_u64(), st["mss_ipv4"].as_u64()),
+        (Some(u64::from(start)), Some(1460)),
+        "{st}"
+    );
+
+    ok(&mut lab.in_srv(&["sysctl", "-qw", &rmem(rmem_max.max(4096))]));
+    lab.set_srv_mtu(1400);
+    s.signal("HUP");
+    s.wait_log("reloaded configuration");
+    let st = lab.stats();
+    eprintln!("after SIGHUP: {st}");
+    assert_eq!(st["wscale"].as_u64(), Some(u64::from(after)), "{st}");
+    assert!(
+        s.log().contains("XDP SynGate now advertises"),
+        "{}",
+        s.log()
+    );
+    assert_eq!(
+        (st["mss_ipv4"].as_u64(), st["mss_ipv6"].as_u64()),
+        (Some(1360), Some(1340)),
+        "{st}"
+    );
+
+    // A connection through a cookie: the kernel's receive scale is the
+    // one advertised.
+    let before = cookies_now(&lab);
+    let info = slow_fetch_socket_info(&lab, &data);
+    assert_eq!(rcv_wscale(&info), Some(u64::from(after)), "{info}");
+    assert_eq!(cookies_now(&lab), before + 1);
+    s.signal("TERM");
+    assert!(s.wait_exit().success(), "{}", s.log());
 }

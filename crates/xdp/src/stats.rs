@@ -6,8 +6,9 @@ use std::path::Path;
 
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 
-use crate::abi::{Config, Counters, State, CONFIG_SIZE, COUNTERS_SIZE, STATE_SIZE};
+use crate::abi::{Config, Counters, HostView, State, CONFIG_SIZE, COUNTERS_SIZE, STATE_SIZE};
 use crate::gate::{chain, open_pinned, pin_dir};
+use crate::sysctl::Sysctls;
 use crate::{Error, Mode};
 
 /// One protected port.
@@ -123,6 +124,20 @@ impl PinnedMaps {
         self.config
             .set(0, config.encode(), 0)
             .map_err(|e| Error::bpf("write the config map", chain(&e)))
+    }
+
+    /// Reads what the program takes from the host again ([`HostView::read`])
+    /// and writes it to the program's configuration if it changed: the old
+    /// and the new view, `None` when nothing changed.
+    pub fn refresh(&mut self, sysctls: &Sysctls) -> Result<Option<(HostView, HostView)>, Error> {
+        let mut config = self.config()?;
+        let host = HostView::read(&self.iface, sysctls)?;
+        if host == config.host {
+            return Ok(None);
+        }
+        let old = std::mem::replace(&mut config.host, host);
+        self.set_config(&config)?;
+        Ok(Some((old, host)))
     }
 
     /// Reads the counters, flood state and top sources.
