@@ -246,7 +246,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     };
     // Attaching XDP needs the privileges we are about to drop; the program
     // goes when `gate` does (or with the process).
-    let gate = xdp::Gate::start(&gen.config, &mut metrics)?;
+    let mut gate = xdp::Gate::start(&gen.config, &mut metrics)?;
     // Probed with our privileges: the kernel loads the `tls` module on
     // first use only for CAP_NET_ADMIN.
     let ktls = probe_ktls(&metrics);
@@ -303,7 +303,10 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => reload(&launch, &shared, &keys, &tickets),
+                _ = hup.recv() => {
+                    gate.refresh();
+                    reload(&launch, &shared, &keys, &tickets)
+                }
                 Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
             }
         }

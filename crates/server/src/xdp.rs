@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use tlsgate_config::{Config, XdpMode};
 use tlsgate_metrics::Metrics;
 use tlsgate_xdp::metrics::XdpCollector;
+use tlsgate_xdp::stats::PinnedMaps;
+use tlsgate_xdp::sysctl::Sysctls;
 use tlsgate_xdp::{AttachOptions, Held, Mode};
 
 use crate::StartError;
@@ -16,6 +18,8 @@ use crate::StartError;
 /// program, removes its pins and restores the sysctls it set.
 pub(crate) struct Gate {
     held: Option<Held>,
+    /// The program's maps, opened at start (as root) for [`Gate::refresh`].
+    maps: Option<PinnedMaps>,
 }
 
 impl Gate {
@@ -23,7 +27,10 @@ impl Gate {
     /// attaches. Must run before privileges are dropped.
     pub(crate) fn start(config: &Config, metrics: &mut Metrics) -> Result<Gate, StartError> {
         let Some(x) = &config.xdp else {
-            return Ok(Gate { held: None });
+            return Ok(Gate {
+                held: None,
+                maps: None,
+            });
         };
         let root = PathBuf::from(tlsgate_xdp::PIN_ROOT);
         match tlsgate_xdp::cleanup_stale(&root, &x.interface) {
@@ -51,33 +58,76 @@ impl Gate {
             generic: x.generic,
             ..AttachOptions::new(x.interface.clone(), x.ports.clone())
         };
-        match tlsgate_xdp::attach_held(&o) {
-            Ok(held) => {
+        // The maps are opened now, as root: the pins are root's, and the
+        // collector and refresh use them after privileges are dropped.
+        let attached = tlsgate_xdp::attach_held(&o).and_then(|held| {
+            let opened = XdpCollector::open(&root, &x.interface)
+                .and_then(|c| Ok((c, PinnedMaps::open(&root, &x.interface)?)));
+            match opened {
+                Ok((collector, maps)) => Ok((held, collector, maps)),
+                Err(e) => {
+                    if let Err(e) = held.release() {
+                        tracing::warn!("XDP SynGate: {e}");
+                    }
+                    Err(e)
+                }
+            }
+        });
+        match attached {
+            Ok((held, collector, maps)) => {
                 for (name, old) in &held.attachment.changed {
                     tracing::info!("XDP SynGate: set {name} (was {old}; restored at exit)");
                 }
                 tracing::info!(
-                    "XDP SynGate attached to {} (mode {}, ports {:?}, window scale {})",
+                    "XDP SynGate attached to {} (mode {}, ports {:?}, {})",
                     x.interface,
                     o.mode,
                     x.ports,
-                    held.attachment.wscale
+                    held.attachment.host
                 );
-                metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, true)));
-                Ok(Gate { held: Some(held) })
+                metrics.register_collector(Box::new(collector));
+                Ok(Gate {
+                    held: Some(held),
+                    maps: Some(maps),
+                })
             }
             Err(e) if x.optional => {
                 tracing::error!(
                     "XDP SynGate could not attach to {}: {e}\nSERVING UNPROTECTED against SYN floods (xdp.optional = true)",
                     x.interface
                 );
-                metrics.register_collector(Box::new(XdpCollector::new(&root, &x.interface, false)));
-                Ok(Gate { held: None })
+                metrics.register_collector(Box::new(XdpCollector::unattached(&x.interface)));
+                Ok(Gate {
+                    held: None,
+                    maps: None,
+                })
             }
             Err(e) => Err(StartError::Xdp {
                 origin: config.origin.clone(),
                 message: format!("cannot attach XDP SynGate to {}: {e}", x.interface),
             }),
+        }
+    }
+}
+
+impl Gate {
+    /// Reads what SynGate takes from the host (the interface's MTU and MAC
+    /// address, the TCP sysctls, the window scale the kernel gives a cookie
+    /// socket) again and updates the running program: at a reload
+    /// (SIGHUP), so that a lowered `tcp_rmem` or MTU is not over-advertised
+    /// until the next restart. Every read is allowed after privileges are
+    /// dropped, and the map is written through the descriptor opened at
+    /// start.
+    pub(crate) fn refresh(&mut self) {
+        let Some(maps) = &mut self.maps else { return };
+        match maps.refresh(&Sysctls::default()) {
+            Ok(Some((old, new))) => {
+                tracing::info!("XDP SynGate now advertises {new} (was {old})")
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(
+                "XDP SynGate could not re-read the host, still advertising what it read before: {e}"
+            ),
         }
     }
 }

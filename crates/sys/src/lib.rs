@@ -8,7 +8,8 @@
 //! ([`resident`]'s `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS,
 //! `TCP_DEFER_ACCEPT`), [`ktls`]'s control messages, [`packet`]'s
 //! `AF_PACKET` socket and `BPF_PROG_RUN` call for the SYN flood
-//! generator, [`fileread`]'s reads into spare capacity, [`suspend`]'s
+//! generator, [`netdev`]'s `SIOCGIFMTU`/`SIOCGIFHWADDR` ioctls for
+//! SynGate, [`fileread`]'s reads into spare capacity, [`suspend`]'s
 //! coroutine handle that is `Send` because it runs only at home and its
 //! pointer to the running call's yielder); everything else
 //! goes through
@@ -25,6 +26,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 pub mod fileread;
 pub mod ipc;
 pub mod ktls;
+pub mod netdev;
 pub mod packet;
 pub mod privileges;
 pub mod resident;

@@ -94,8 +94,8 @@ pub fn run(cmd: XdpCommand) -> ExitCode {
                     println!("set {name} (was {old}; restored on detach)");
                 }
                 println!(
-                    "XDP SynGate attached to {iface} (mode {mode}, ports {ports:?}, window scale {}), pinned in {}",
-                    a.wscale,
+                    "XDP SynGate attached to {iface} (mode {mode}, ports {ports:?}, {}), pinned in {}",
+                    a.host,
                     a.dir.display()
                 );
             })

@@ -223,6 +223,42 @@ impl Lab {
         skbs + frames
     }
 
+    /// Sets the MTU of the server's end.
+    fn set_srv_mtu(&self, mtu: u32) {
+        let mtu = mtu.to_string();
+        sh(&[
+            "ip",
+            "-n",
+            &self.srv,
+            "link",
+            "set",
+            "dev",
+            &self.srv_if,
+            "mtu",
+            &mtu,
+        ]);
+    }
+
+    /// `tlsgate xdp attach --mode always --manage-sysctls` for `port`.
+    fn attach_always_cmd(&self, port: u16) -> Command {
+        self.tlsgate(&[
+            "xdp",
+            "attach",
+            "--iface",
+            &self.srv_if,
+            "--port",
+            &port.to_string(),
+            "--mode",
+            "always",
+            "--manage-sysctls",
+        ])
+    }
+
+    /// [`Lab::attach_always_cmd`], which must succeed; what it printed.
+    fn attach_always(&self, port: u16) -> String {
+        ok(&mut self.attach_always_cmd(port))
+    }
+
     fn stats(&self) -> serde_json::Value {
         let out = ok(&mut self.tlsgate(&["xdp", "stats", "--iface", &self.srv_if, "--json"]));
         serde_json::from_str(&out).unwrap()
@@ -262,8 +298,14 @@ impl Tlsgate {
 
     /// Starts tlsgate; `tail` goes at the end of the file (an `[xdp]` table).
     fn spawn(lab: &Lab, fx: &Fixture, server: &str, tail: &str) -> Tlsgate {
+        let listen = format!("\"{SRV4}:8443\", \"[{SRV6}]:8443\"");
+        Tlsgate::spawn_on(lab, fx, &listen, server, tail)
+    }
+
+    /// [`Tlsgate::spawn`] with the listener's `listen` list (TOML items).
+    fn spawn_on(lab: &Lab, fx: &Fixture, listen: &str, server: &str, tail: &str) -> Tlsgate {
         let config = format!(
-            "[server]\nworkers = 2\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [\"{SRV4}:8443\", \"[{SRV6}]:8443\"]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
+            "[server]\nworkers = 2\n{server}\n\n[admin]\nlisten = \"127.0.0.1:9090\"\n\n[[listener]]\nlisten = [{listen}]\nroot = {root:?}\n\n[[listener.certificate]]\ncert = {cert:?}\nkey = {key:?}\n\n{tail}\n",
             root = fx.root,
             cert = fx.cert.cert,
             key = fx.cert.key,
@@ -385,6 +427,40 @@ fn server_socket_info(lab: &Lab) -> String {
     }
 }
 
+/// Fetches ten.bin (`data`) over IPv4, rate-limited so that ss sees the
+/// server's socket while it lasts; that socket's [`server_socket_info`].
+fn slow_fetch_socket_info(lab: &Lab, data: &[u8]) -> String {
+    let slow = curl_args(
+        &format!("https://{SRV4}:8443/ten.bin"),
+        &["--limit-rate", "4M"],
+    );
+    let child = lab
+        .in_cli(&slow.iter().map(String::as_str).collect::<Vec<_>>())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let info = server_socket_info(lab);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "curl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout == data, "10 MiB over IPv4 differ");
+    eprintln!("server socket: {}", info.trim());
+    info
+}
+
+/// `server_socket_info`'s receive window scale (`wscale:SND,RCV`).
+fn rcv_wscale(info: &str) -> Option<u64> {
+    info.split("wscale:")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.split(',').nth(1))
+        .and_then(|s| s.parse().ok())
+}
+
 #[test]
 fn tls_through_xdp_cookies_over_ipv4_and_ipv6() {
     let lab = Lab::new("a");
@@ -414,21 +490,11 @@ fn tls_through_xdp_cookies_over_ipv4_and_ipv6() {
         assert!(!lab.xdp_on_srv_if());
     }
 
-    let attached = ok(&mut lab.tlsgate(&[
-        "xdp",
-        "attach",
-        "--iface",
-        &lab.srv_if,
-        "--port",
-        "8443",
-        "--mode",
-        "always",
-        "--manage-sysctls",
-    ]));
+    let attached = lab.attach_always(8443);
     let wscale: u32 = attached
         .split("window scale ")
         .nth(1)
-        .and_then(|s| s.split(')').next())
+        .and_then(|s| s.split(',').next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no window scale in {attached:?}"));
     assert!(
@@ -440,36 +506,12 @@ fn tls_through_xdp_cookies_over_ipv4_and_ipv6() {
 
     // 10 MiB over TLS 1.3 (IPv4, rate-limited so that ss sees the socket),
     // TLS 1.2 over IPv4 and TLS 1.3 over IPv6, each through a cookie.
-    let slow = curl_args(
-        &format!("https://{SRV4}:8443/ten.bin"),
-        &["--limit-rate", "4M"],
-    );
-    let child = lab
-        .in_cli(&slow.iter().map(String::as_str).collect::<Vec<_>>())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let info = server_socket_info(&lab);
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "curl: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.stdout == data, "10 MiB over IPv4 differ");
-    eprintln!("server socket: {}", info.trim());
+    let info = slow_fetch_socket_info(&lab, &data);
     assert!(info.contains(" ts "), "no timestamps: {info}");
     assert!(info.contains(" sack "), "no SACK: {info}");
-    let rcv_wscale = info
-        .split("wscale:")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.split(',').nth(1))
-        .and_then(|s| s.parse::<u32>().ok());
     assert_eq!(
-        rcv_wscale,
-        Some(wscale),
+        rcv_wscale(&info),
+        Some(u64::from(wscale)),
         "the server's receive window scale is the one XDP advertised: {info}"
     );
 
@@ -690,6 +732,17 @@ fn metrics(lab: &Lab) -> String {
     ]))
 }
 
+/// `tlsgate_xdp_attached` of the server's interface in /metrics.
+fn xdp_attached(lab: &Lab) -> Option<f64> {
+    let m = metrics(lab);
+    let v = metric(
+        &m,
+        &format!("tlsgate_xdp_attached{{interface=\"{}\"}}", lab.srv_if),
+    );
+    eprintln!("tlsgate_xdp_attached: {v:?}");
+    v
+}
+
 fn metric(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series))
@@ -796,15 +849,7 @@ fn serve_attaches_from_config_and_cleans_up_after_exit_and_crash() {
     assert!(s.log().contains("SERVING UNPROTECTED"), "{}", s.log());
     assert!(!lab.xdp_on_srv_if());
     fetch_hello(&lab);
-    let m = metrics(&lab);
-    assert_eq!(
-        metric(
-            &m,
-            &format!("tlsgate_xdp_attached{{interface=\"{}\"}}", lab.srv_if)
-        ),
-        Some(0.0),
-        "{m}"
-    );
+    assert_eq!(xdp_attached(&lab), Some(0.0));
 }
 
 /// SYNs of the sampled top sources (every answered SYN is sampled with
@@ -1018,4 +1063,431 @@ fn bench_synflood_quick_reports_every_cell() {
         !left.contains(&format!("tgbench-s-{pid}")) && !left.contains(&format!("tgbench-c-{pid}")),
         "namespaces left: {left}"
     );
+}
+
+/// A TCP sink for the server namespace (`python3 -c SINK PORT`): on
+/// `[::]:PORT`, dual stack, it reads each connection to its end and answers
+/// with the number of bytes read.
+const SINK: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(("::", int(sys.argv[1])))
+s.listen(16)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(20)
+    n = 0
+    try:
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            n += len(b)
+        c.sendall(str(n).encode())
+    except OSError:
+        pass
+    c.close()
+"#;
+
+/// An upload (`python3 -c UPLOAD HOST PORT BYTES`): connects, sends BYTES
+/// zeros, reads the sink's count; prints `mss M reply N` (M: the send MSS
+/// the client took from the SYN-ACK) or `mss M error E` and exits 1.
+const UPLOAD: &str = r#"
+import socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect((host, port))
+mss = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+try:
+    s.sendall(bytes(n))
+    s.shutdown(socket.SHUT_WR)
+    reply = s.recv(64).decode()
+except OSError as e:
+    print(f"mss {mss} error {e}")
+    sys.exit(1)
+print(f"mss {mss} reply {reply}")
+"#;
+
+/// A background process that is killed when dropped.
+struct Bg(Child);
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts [`SINK`] on `port` in the server namespace and waits until it
+/// listens.
+fn sink(lab: &Lab, port: u16) -> Bg {
+    use std::io::BufRead;
+    let mut child = lab
+        .in_srv(&["python3", "-c", SINK, &port.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "the sink did not start");
+    Bg(child)
+}
+
+fn cookies_now(lab: &Lab) -> u64 {
+    counters(&lab.stats()).1
+}
+
+/// The server's MTU is smaller than the client's (1400 against 1500, TSO
+/// and GSO off on the client, so its segments leave as the MSS cuts
+/// them): a 100 KB upload through an XDP cookie works over IPv4 and IPv6
+/// only if the SYN-ACK advertises the server's own MSS (1360 and 1340)
+/// rather than echoing the client's (1460 and 1440), whose full-sized
+/// frames the server's interface drops.
+#[test]
+fn syn_ack_advertises_our_mss_so_uploads_fit_our_mtu() {
+    let lab = Lab::new("m");
+    lab.set_srv_mtu(1400);
+    ok(&mut lab.in_cli(&["ethtool", "-K", &lab.cli_if, "tso", "off", "gso", "off"]));
+    let _sink = sink(&lab, 9000);
+    lab.attach_always(9000);
+    // Our MSS less the 12 bytes of timestamps each segment carries.
+    for (host, max_mss) in [(SRV4, 1400 - 40 - 12), (SRV6, 1400 - 60 - 12)] {
+        let before = cookies_now(&lab);
+        let out = run(&mut lab.in_cli(&["python3", "-c", UPLOAD, host, "9000", "100000"]));
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        eprintln!("upload to {host}: {said}");
+        assert!(
+            out.status.success() && said.ends_with("reply 100000"),
+            "100 KB upload to {host} through a cookie: {said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mss: u32 = said
+            .split_whitespace()
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap();
+        assert!(
+            mss <= max_mss,
+            "the client sends {mss}-byte segments to {host}"
+        );
+        assert_eq!(cookies_now(&lab), before + 1, "answered from XDP");
+    }
+    let st = lab.stats();
+    assert_eq!(st["mss_ipv4"], 1360, "{st}");
+    assert_eq!(st["mss_ipv6"], 1340, "{st}");
+}
+
+/// With SACK or window scaling turned off on the server's host
+/// (`net.ipv4.tcp_sack = 0` is the CVE-2019-11477 mitigation), the kernel
+/// refuses a cookie ACK whose echoed timestamp says the option was agreed:
+/// SynGate must neither offer it nor encode it. A Linux client (which
+/// sends both) connects over IPv4 and IPv6 with each turned off.
+#[test]
+fn cookies_respect_sack_and_window_scaling_turned_off_on_the_host() {
+    let lab = Lab::new("k");
+    let fx = Fixture::new();
+    let _server = Tlsgate::start(&lab, &fx, "");
+    for knob in ["net.ipv4.tcp_sack", "net.ipv4.tcp_window_scaling"] {
+        ok(&mut lab.in_srv(&["sysctl", "-qw", &format!("{knob}=0")]));
+        lab.attach_always(8443);
+        for url in [
+            format!("https://{SRV4}:8443/hello.txt"),
+            format!("https://[{SRV6}]:8443/hello.txt"),
+        ] {
+            let before = cookies_now(&lab);
+            let args = curl_args(&url, &["--max-time", "10"]);
+            let out = run(&mut lab.in_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()));
+            assert!(
+                out.status.success() && out.stdout == HELLO.as_bytes(),
+                "{url} with {knob}=0: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(cookies_now(&lab), before + 1, "{url}: answered from XDP");
+        }
+        ok(&mut lab.tlsgate(&["xdp", "detach", "--iface", &lab.srv_if]));
+        ok(&mut lab.in_srv(&["sysctl", "-qw", &format!("{knob}=1")]));
+    }
+}
+
+/// Sends one hand-made SYN from the client's interface (`python3 -c
+/// RAW_SYN IF SRC_MAC DST_MAC SRC DST PORT`, AF_PACKET) and watches that
+/// interface 1.5 s for the SYN-ACK: prints `SYN-ACK from ADDR` or
+/// `no SYN-ACK`.
+const RAW_SYN: &str = r#"
+import random, socket, struct, sys, time
+ifname, smac, dmac, src, dst, port = sys.argv[1:7]
+def mac(m):
+    return bytes.fromhex(m.replace(":", ""))
+def csum(b):
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+sport = random.randint(20000, 60000)
+opts = struct.pack("!BBH", 2, 4, 1460)
+tcp = struct.pack("!HHIIBBHHH", sport, int(port), random.getrandbits(32), 0, 6 << 4, 0x02, 64240, 0, 0) + opts
+if ":" in dst:
+    sa, da = socket.inet_pton(socket.AF_INET6, src), socket.inet_pton(socket.AF_INET6, dst)
+    tcp = tcp[:16] + struct.pack("!H", csum(sa + da + struct.pack("!IxxxB", len(tcp), 6) + tcp)) + tcp[18:]
+    ip = struct.pack("!IHBB", 6 << 28, len(tcp), 6, 64) + sa + da
+    etype = 0x86DD
+else:
+    sa, da = socket.inet_aton(src), socket.inet_aton(dst)
+    tcp = tcp[:16] + struct.pack("!H", csum(sa + da + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0, sa, da)
+    ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+    etype = 0x0800
+r = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+r.bind((ifname, 0))
+r.settimeout(0.2)
+r.send(mac(dmac) + mac(smac) + struct.pack("!H", etype) + ip + tcp)
+deadline = time.time() + 1.5
+while time.time() < deadline:
+    try:
+        f = r.recv(2048)
+    except socket.timeout:
+        continue
+    et = struct.unpack("!H", f[12:14])[0]
+    if et == 0x0800 and f[23] == 6:
+        t, frm = 14 + (f[14] & 15) * 4, socket.inet_ntoa(f[26:30])
+    elif et == 0x86DD and f[20] == 6:
+        t, frm = 54, socket.inet_ntop(socket.AF_INET6, f[22:38])
+    else:
+        continue
+    if struct.unpack("!H", f[t + 2 : t + 4])[0] == sport and f[t + 13] & 0x12 == 0x12:
+        print("SYN-ACK from", frm)
+        sys.exit(0)
+print("no SYN-ACK")
+"#;
+
+fn raw_syn(lab: &Lab, dst_mac: &str, src: &str, dst: &str) -> String {
+    let smac = Lab::link(&lab.cli, &lab.cli_if)["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = ok(&mut lab.in_cli(&[
+        "python3",
+        "-c",
+        RAW_SYN,
+        &lab.cli_if,
+        &smac,
+        dst_mac,
+        src,
+        dst,
+        "8443",
+    ]));
+    out.trim().to_string()
+}
+
+/// SYNs that are not for this host (another destination MAC, broadcast)
+/// reach the interface on a shared segment or in promiscuous mode; the
+/// kernel ignores them, and so must SynGate: a wildcard listener matches
+/// any destination address, so without a check SynGate would answer for
+/// other hosts' addresses. A SYN to the server's MAC and address is
+/// answered (the probe can see a SYN-ACK), and a client still connects.
+#[test]
+fn syns_for_other_hosts_get_no_syn_ack() {
+    let lab = Lab::new("o");
+    let fx = Fixture::new();
+    let server = Tlsgate::spawn_on(&lab, &fx, "\"0.0.0.0:8443\", \"[::]:8443\"", "", "");
+    server.wait_log("listening on https://[::]:8443");
+    lab.attach_always(8443);
+    let srv_mac = Lab::link(&lab.srv, &lab.srv_if)["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let foreign = "02:00:5e:00:53:01";
+    assert_eq!(
+        raw_syn(&lab, &srv_mac, CLI4, SRV4),
+        format!("SYN-ACK from {SRV4}")
+    );
+    for (dst_mac, src, dst) in [
+        (foreign, CLI4, "10.254.9.9"),
+        (foreign, CLI6, "fd00:254:9::9"),
+        (foreign, CLI4, SRV4),
+        ("ff:ff:ff:ff:ff:ff", CLI4, SRV4),
+        ("33:33:00:00:00:01", CLI6, SRV6),
+    ] {
+        assert_eq!(
+            raw_syn(&lab, dst_mac, src, dst),
+            "no SYN-ACK",
+            "a SYN to {dst_mac} {dst}"
+        );
+    }
+    fetch_hello(&lab);
+    let st = lab.stats();
+    let (syns, cookies, _, _) = counters(&st);
+    assert_eq!((syns, cookies), (2, 2), "only the SYNs for us: {st}");
+    drop(server);
+}
+
+fn xdp_metrics_table(srv_if: &str) -> String {
+    format!("[xdp]\ninterface = \"{srv_if}\"\nmode = \"always\"\nmanage_sysctls = true\n")
+}
+
+/// tlsgate serving as `nobody` after attaching (the pinned maps are root's,
+/// 0600): /metrics still reports SynGate attached with its counters,
+/// from the maps opened before privileges were dropped, and logs no
+/// warning per scrape.
+#[test]
+fn metrics_keep_xdp_counters_after_dropping_privileges() {
+    let lab = Lab::new("p");
+    let fx = Fixture::new();
+    let s = Tlsgate::spawn(
+        &lab,
+        &fx,
+        "user = \"nobody\"",
+        &xdp_metrics_table(&lab.srv_if),
+    );
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    fetch_hello(&lab);
+    fetch_hello(&lab);
+    for _ in 0..2 {
+        let m = metrics(&lab);
+        let iface = format!("interface=\"{}\"", lab.srv_if);
+        assert_eq!(
+            metric(&m, &format!("tlsgate_xdp_attached{{{iface}}}")),
+            Some(1.0),
+            "{m}"
+        );
+        let cookies = metric(
+            &m,
+            &format!("tlsgate_xdp_cookies_total{{{iface},port=\"8443\"}}"),
+        );
+        assert!(cookies.is_some_and(|c| c >= 2.0), "{m}");
+    }
+    assert!(!s.log().contains("XDP stats for /metrics"), "{}", s.log());
+}
+
+/// `tlsgate xdp detach` and `attach` by hand against the interface a
+/// running `tlsgate serve` holds: both refuse (exit 2, saying why) and
+/// change nothing: the program, its pins, the sysctls, /metrics and the
+/// cookies all stay.
+#[test]
+fn cli_refuses_to_detach_or_attach_under_a_running_serve() {
+    let lab = Lab::new("h");
+    let fx = Fixture::new();
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp_metrics_table(&lab.srv_if));
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    let pins = PathBuf::from(tlsgate_xdp::PIN_ROOT).join(&lab.srv_if);
+    let listing = || {
+        let mut names: Vec<String> = std::fs::read_dir(&pins)
+            .map(|d| {
+                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let sysctls = || {
+        (
+            lab.sysctl("net.ipv4.tcp_syncookies"),
+            lab.sysctl("net.ipv4.tcp_timestamps"),
+        )
+    };
+    let (pins_before, sysctls_before) = (listing(), sysctls());
+    assert_eq!(pins_before.len(), 6, "{pins_before:?}");
+    assert_eq!(sysctls_before.0, "2");
+
+    for mut cmd in [
+        lab.tlsgate(&["xdp", "detach", "--iface", &lab.srv_if]),
+        lab.attach_always_cmd(8443),
+    ] {
+        let args = format!("{cmd:?}");
+        let out = run(&mut cmd);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{args}: {said}");
+        assert_eq!(out.status.code(), Some(2), "{args}: {said}");
+        assert!(
+            said.contains("attached") && !said.contains("detached"),
+            "{said}"
+        );
+        assert_eq!(listing(), pins_before, "after {args}");
+        assert_eq!(sysctls(), sysctls_before, "after {args}");
+        assert!(lab.xdp_on_srv_if());
+        let before = cookies_now(&lab);
+        fetch_hello(&lab);
+        assert_eq!(cookies_now(&lab), before + 1, "still answered from XDP");
+        assert_eq!(xdp_attached(&lab), Some(1.0));
+    }
+    s.signal("TERM");
+    assert!(s.wait_exit().success(), "{}", s.log());
+    assert!(!lab.xdp_on_srv_if() && !pins.exists());
+}
+
+/// The host's receive buffers and the interface's MTU lowered under a
+/// running tlsgate: at SIGHUP it reads them again, so SynGate advertises
+/// the window scale the kernel now gives a cookie socket and the MSS of the
+/// new MTU, not the larger ones read at start.
+#[test]
+fn sighup_rereads_the_window_scale_and_mss() {
+    let lab = Lab::new("r");
+    let fx = Fixture::new();
+    let data = ten_mib(&fx);
+    // The scale comes from max(tcp_rmem[2], net.core.rmem_max); rmem_max
+    // is global, so the test raises tcp_rmem above it, then lowers it.
+    let rmem_max: i64 = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let high = rmem_max.max(1 << 20) * 8;
+    let (start, after) = (
+        tlsgate_xdp::sysctl::wscale_for(high),
+        tlsgate_xdp::sysctl::wscale_for(rmem_max.max(4096)),
+    );
+    assert_ne!(start, after, "the test cannot move the window scale");
+    let rmem = |max: i64| format!("net.ipv4.tcp_rmem=4096 131072 {max}");
+    ok(&mut lab.in_srv(&["sysctl", "-qw", &rmem(high)]));
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp_metrics_table(&lab.srv_if));
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    let st = lab.stats();
+    assert_eq!(
+        (st["wscale"].as_u64(), st["mss_ipv4"].as_u64()),
+        (Some(u64::from(start)), Some(1460)),
+        "{st}"
+    );
+
+    ok(&mut lab.in_srv(&["sysctl", "-qw", &rmem(rmem_max.max(4096))]));
+    lab.set_srv_mtu(1400);
+    s.signal("HUP");
+    s.wait_log("reloaded configuration");
+    let st = lab.stats();
+    eprintln!("after SIGHUP: {st}");
+    assert_eq!(st["wscale"].as_u64(), Some(u64::from(after)), "{st}");
+    assert!(
+        s.log().contains("XDP SynGate now advertises"),
+        "{}",
+        s.log()
+    );
+    assert_eq!(
+        (st["mss_ipv4"].as_u64(), st["mss_ipv6"].as_u64()),
+        (Some(1360), Some(1340)),
+        "{st}"
+    );
+
+    // A connection through a cookie: the kernel's receive scale is the
+    // one advertised.
+    let before = cookies_now(&lab);
+    let info = slow_fetch_socket_info(&lab, &data);
+    assert_eq!(rcv_wscale(&info), Some(u64::from(after)), "{info}");
+    assert_eq!(cookies_now(&lab), before + 1);
+    s.signal("TERM");
+    assert!(s.wait_exit().success(), "{}", s.log());
 }

@@ -20,11 +20,18 @@
  * cannot be answered here (IPv4 options, IPv6 extension headers, no
  * listener, helper errors), passes to the kernel untouched.
  *
- * Not checked here: the SYN's checksum (a corrupt SYN gets a SYN-ACK; its
- * ACK, if any, meets the kernel's checks) and whether the destination is a
- * local address: a listener bound to a wildcard address matches any, so a
- * host that also forwards traffic for a protected port to other hosts must
+ * Only frames sent to the interface's own MAC address are answered; the
+ * rest (other hosts' frames seen on a shared segment or in promiscuous
+ * mode, broadcast, multicast) pass, and the kernel drops the TCP among
+ * them. The MAC, not the IP address, because the listener lookup cannot
+ * tell: a listener bound to a wildcard address matches any destination, and
+ * XDP has no cheap test of "a local address" (bpf_fib_lookup refuses on
+ * interfaces that do not forward). So a host that routes traffic for a
+ * protected port to other hosts (frames to its MAC, foreign addresses) must
  * bind its listeners to its own addresses.
+ *
+ * Not checked here: the SYN's checksum (a corrupt SYN gets a SYN-ACK; its
+ * ACK, if any, meets the kernel's checks).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -381,7 +388,9 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 		return NO_PRESSURE;
 	if (cookie < 0)
 		return FAILED;
-	mss = (__u16)(cookie >> 32);
+	/* The cookie keeps the client's MSS (bits 32-47 of what the helper
+	 * returns, for our sending side); the SYN-ACK says what we receive. */
+	mss = v6 ? cfg->mss6 : cfg->mss4;
 
 	/* Everything the reply needs from the SYN, before the frame changes. */
 	data = (void *)(long)ctx->data;
@@ -396,6 +405,12 @@ static __always_inline enum answer answer(struct xdp_md *ctx, __u32 l3off, int v
 	if ((void *)(th + 1) > data_end)
 		return FAILED;
 	parse_options(&tc, thlen & 0x3f, &si);
+	/* Options the host turned off are neither offered nor encoded: the
+	 * kernel's cookie check refuses an ACK whose TSecr claims them. */
+	if (!(cfg->flags & SG_F_SACK))
+		si.sack = 0;
+	if (!(cfg->flags & SG_F_WSCALE))
+		si.has_ws = 0;
 	__builtin_memcpy(src_mac, eth->h_source, ETH_ALEN);
 	__builtin_memcpy(dst_mac, eth->h_dest, ETH_ALEN);
 	sport = th->source;
@@ -587,6 +602,10 @@ int syngate(struct xdp_md *ctx)
 	st = bpf_map_lookup_elem(&state, &slot);
 	if (!cfg || !cnt || !st)
 		return XDP_PASS;
+	/* Not sent to us (see the top of this file): not counted, not ours. */
+	for (int i = 0; i < ETH_ALEN; i++)
+		if (eth->h_dest[i] != cfg->if_mac[i])
+			return XDP_PASS;
 	cnt->syn_seen++;
 
 	now = bpf_ktime_get_ns();

@@ -31,7 +31,11 @@ struct sg_config {
 	/* Top sources: a SYN answered in flood mode is counted when
 	 * (random & top_sample_mask) == 0; 0 counts every one. */
 	__u32 top_sample_mask;
-	__u32 pad;
+	/* Our MSS, advertised in SYN-ACKs (RFC 9293 3.7.1: the largest
+	 * segment we can receive): the interface's MTU less 40 (IPv4) or 60
+	 * (IPv6) bytes of headers, as the kernel's own advmss. */
+	__u16 mss4;
+	__u16 mss6;
 	/* For user space only (the program ignores them), so that the pinned
 	 * map describes the attachment by itself: the port of each slot
 	 * (0 = unused), and the sysctl values found before attach changed
@@ -39,7 +43,16 @@ struct sg_config {
 	__u16 slot_ports[SG_MAX_PORTS];
 	__s32 saved_syncookies;
 	__s32 saved_timestamps;
+	/* The interface's MAC address: only frames sent to it are answered. */
+	__u8 if_mac[6];
+	/* SG_F_*: the TCP options the host allows (its sysctls); the kernel
+	 * refuses a cookie ACK that claims one it does not. */
+	__u16 flags;
 };
+
+/* struct sg_config.flags */
+#define SG_F_SACK 1   /* net.ipv4.tcp_sack */
+#define SG_F_WSCALE 2 /* net.ipv4.tcp_window_scaling */
 
 /* Per port slot and per CPU ("counters", a per-CPU array of these).
  * Every SYN seen is either answered (cookies) or passed:
@@ -67,7 +80,7 @@ struct sg_state {
 };
 
 /* Sizes that abi.rs asserts too. */
-_Static_assert(sizeof(struct sg_config) == 72, "sg_config layout");
+_Static_assert(sizeof(struct sg_config) == 80, "sg_config layout");
 _Static_assert(sizeof(struct sg_counters) == 48, "sg_counters layout");
 _Static_assert(sizeof(struct sg_state) == 40, "sg_state layout");
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 pub const MAX_PORTS: usize = 16;
 
 /// `sizeof(struct sg_config)`.
-pub const CONFIG_SIZE: usize = 72;
+pub const CONFIG_SIZE: usize = 80;
 /// `sizeof(struct sg_counters)`.
 pub const COUNTERS_SIZE: usize = 48;
 /// `sizeof(struct sg_state)`.
@@ -73,13 +73,38 @@ impl std::str::FromStr for Mode {
     }
 }
 
+/// `SG_F_SACK`.
+const F_SACK: u16 = 1;
+/// `SG_F_WSCALE`.
+const F_WSCALE: u16 = 2;
+
+/// What the program takes from the host rather than from the SYN: read
+/// at attach (in the attaching process's network namespace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostView {
+    /// The receive window scale the kernel gives a cookie socket,
+    /// advertised in SYN-ACKs.
+    pub wscale: u32,
+    /// Our MSS over IPv4, advertised in SYN-ACKs: the interface's MTU
+    /// less 40.
+    pub mss4: u16,
+    /// Our MSS over IPv6: the interface's MTU less 60.
+    pub mss6: u16,
+    /// The interface's MAC address: frames to any other pass.
+    pub if_mac: [u8; 6],
+    /// SACK may be offered (`net.ipv4.tcp_sack`).
+    pub sack: bool,
+    /// Window scaling may be offered (`net.ipv4.tcp_window_scaling`).
+    pub window_scaling: bool,
+}
+
 /// `struct sg_config`: the one entry of the `config` map.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
     /// The mode.
     pub mode: Mode,
-    /// The receive window scale advertised in SYN-ACKs.
-    pub wscale: u32,
+    /// What was read from the host.
+    pub host: HostView,
     /// Peacetime sampling interval (auto).
     pub t1: Duration,
     /// Flood mode ends after this long without a cookie (auto).
@@ -110,15 +135,25 @@ impl Config {
     pub fn encode(&self) -> [u8; CONFIG_SIZE] {
         let mut b = [0u8; CONFIG_SIZE];
         b[0..4].copy_from_slice(&self.mode.code().to_ne_bytes());
-        b[4..8].copy_from_slice(&self.wscale.to_ne_bytes());
+        b[4..8].copy_from_slice(&self.host.wscale.to_ne_bytes());
         b[8..16].copy_from_slice(&nanos(self.t1).to_ne_bytes());
         b[16..24].copy_from_slice(&nanos(self.t2).to_ne_bytes());
         b[24..28].copy_from_slice(&self.top_sample_mask.to_ne_bytes());
+        b[28..30].copy_from_slice(&self.host.mss4.to_ne_bytes());
+        b[30..32].copy_from_slice(&self.host.mss6.to_ne_bytes());
         for (i, p) in self.slot_ports.iter().enumerate() {
             b[32 + 2 * i..34 + 2 * i].copy_from_slice(&p.to_ne_bytes());
         }
         b[64..68].copy_from_slice(&self.saved_syncookies.unwrap_or(-1).to_ne_bytes());
         b[68..72].copy_from_slice(&self.saved_timestamps.unwrap_or(-1).to_ne_bytes());
+        b[72..78].copy_from_slice(&self.host.if_mac);
+        let flags = if self.host.sack { F_SACK } else { 0 }
+            | if self.host.window_scaling {
+                F_WSCALE
+            } else {
+                0
+            };
+        b[78..80].copy_from_slice(&flags.to_ne_bytes());
         b
     }
 
@@ -129,9 +164,17 @@ impl Config {
         for (i, p) in slot_ports.iter_mut().enumerate() {
             *p = u16::from_ne_bytes(get(b, 32 + 2 * i));
         }
+        let flags = u16::from_ne_bytes(get(b, 78));
         Some(Config {
             mode: Mode::from_code(u32::from_ne_bytes(get(b, 0)))?,
-            wscale: u32::from_ne_bytes(get(b, 4)),
+            host: HostView {
+                wscale: u32::from_ne_bytes(get(b, 4)),
+                mss4: u16::from_ne_bytes(get(b, 28)),
+                mss6: u16::from_ne_bytes(get(b, 30)),
+                if_mac: get(b, 72),
+                sack: flags & F_SACK != 0,
+                window_scaling: flags & F_WSCALE != 0,
+            },
             t1: Duration::from_nanos(u64::from_ne_bytes(get(b, 8))),
             t2: Duration::from_nanos(u64::from_ne_bytes(get(b, 16))),
             top_sample_mask: u32::from_ne_bytes(get(b, 24)),
@@ -225,7 +268,14 @@ mod tests {
     fn config_layout_matches_the_header() {
         let c = Config {
             mode: Mode::Auto,
-            wscale: 10,
+            host: HostView {
+                wscale: 10,
+                mss4: 1460,
+                mss6: 1440,
+                if_mac: [2, 0, 0x5e, 0, 0x53, 1],
+                sack: false,
+                window_scaling: true,
+            },
             t1: Duration::from_millis(1),
             t2: Duration::from_secs(2),
             top_sample_mask: 15,
@@ -239,11 +289,14 @@ mod tests {
         assert_eq!(&b[8..16], &1_000_000u64.to_ne_bytes());
         assert_eq!(&b[16..24], &2_000_000_000u64.to_ne_bytes());
         assert_eq!(&b[24..28], &15u32.to_ne_bytes());
-        assert_eq!(&b[28..32], &[0; 4]);
+        assert_eq!(&b[28..30], &1460u16.to_ne_bytes());
+        assert_eq!(&b[30..32], &1440u16.to_ne_bytes());
         assert_eq!(&b[32..34], &443u16.to_ne_bytes());
         assert_eq!(&b[62..64], &9u16.to_ne_bytes());
         assert_eq!(&b[64..68], &1i32.to_ne_bytes());
         assert_eq!(&b[68..72], &(-1i32).to_ne_bytes());
+        assert_eq!(&b[72..78], &[2, 0, 0x5e, 0, 0x53, 1]);
+        assert_eq!(&b[78..80], &2u16.to_ne_bytes());
         assert_eq!(Config::decode(&b), Some(c));
     }
 
@@ -274,6 +327,8 @@ mod tests {
             assert!(h.contains(&line), "syngate.h must assert {line}");
         }
         assert!(h.contains(&format!("#define SG_MAX_PORTS {MAX_PORTS}")));
+        assert!(h.contains(&format!("#define SG_F_SACK {F_SACK} ")));
+        assert!(h.contains(&format!("#define SG_F_WSCALE {F_WSCALE} ")));
     }
 
     #[test]

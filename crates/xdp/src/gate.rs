@@ -17,12 +17,17 @@ use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::{ProgramError, Xdp, XdpFlags};
 use aya::EbpfLoader;
 
-use crate::abi::{Config, Mode, CONFIG_SIZE, MAX_PORTS};
-use crate::sysctl::{Sysctls, SYNCOOKIES, TIMESTAMPS};
+use crate::abi::{Config, HostView, Mode, CONFIG_SIZE, MAX_PORTS};
+use crate::sysctl::{Sysctls, SACK, SYNCOOKIES, TIMESTAMPS, WINDOW_SCALING};
 use crate::{Error, OBJECT, PIN_ROOT};
 
 /// The maps pinned beside the link, by their names in the program.
 pub const MAPS: [&str; 6] = ["config", "ports", "counters", "state", "top_v4", "top_v6"];
+
+/// Every pin an attachment may have.
+const ALL_PINS: [&str; 7] = [
+    "config", "ports", "counters", "state", "top_v4", "top_v6", "link",
+];
 
 /// `BPF_FS_MAGIC`, statfs' type of a BPF filesystem.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
@@ -70,13 +75,60 @@ impl AttachOptions {
     }
 }
 
+/// Our MSS for an interface MTU, `(IPv4, IPv6)`, as the kernel's own
+/// SYN-ACK advertises it (the route's advmss): `mtu - 40` but at least 256
+/// (`ip_rt_min_advmss`), and `mtu - 60` but at least 1220
+/// (`ip6_rt_min_advmss`).
+pub fn advmss(mtu: u32) -> (u16, u16) {
+    let clamp = |v: u32| u16::try_from(v).unwrap_or(u16::MAX);
+    (
+        clamp(mtu.saturating_sub(40).max(256)),
+        clamp(mtu.saturating_sub(60).max(1220)),
+    )
+}
+
+impl HostView {
+    /// Reads the interface (MTU, MAC address) and the sysctls.
+    pub fn read(iface: &str, sysctls: &Sysctls) -> Result<HostView, Error> {
+        let failed = |e: std::io::Error| Error::Interface {
+            iface: iface.into(),
+            detail: e.to_string(),
+        };
+        let (mss4, mss6) = advmss(tlsgate_sys::netdev::mtu(iface).map_err(failed)?);
+        Ok(HostView {
+            wscale: sysctls.cookie_wscale()?,
+            mss4,
+            mss6,
+            if_mac: tlsgate_sys::netdev::mac(iface).map_err(failed)?,
+            sack: sysctls.enabled(SACK)?,
+            window_scaling: sysctls.enabled(WINDOW_SCALING)?,
+        })
+    }
+}
+
+impl std::fmt::Display for HostView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let m = self.if_mac;
+        write!(
+            f,
+            "window scale {}, MSS {}/{} (IPv4/IPv6), SACK {}, window scaling {}, MAC {:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            self.wscale,
+            self.mss4,
+            self.mss6,
+            if self.sack { "on" } else { "off" },
+            if self.window_scaling { "on" } else { "off" },
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
 /// An attachment made by [`attach`] or [`attach_held`].
 #[derive(Clone, Debug)]
 pub struct Attachment {
     /// The pin directory.
     pub dir: PathBuf,
-    /// The window scale advertised in SYN-ACKs.
-    pub wscale: u32,
+    /// What was read from the host.
+    pub host: HostView,
     /// Sysctls changed, with their old values.
     pub changed: Vec<(&'static str, i32)>,
 }
@@ -101,9 +153,11 @@ pub fn pin_dir(root: &Path, iface: &str) -> Result<PathBuf, Error> {
     Ok(root.join(iface))
 }
 
-/// Whether SynGate is pinned for `iface` under `root`.
+/// Whether SynGate is pinned for `iface` under `root`: its pin directory
+/// exists. Not only its `link`: `tlsgate serve` holds its link and pins
+/// only the maps.
 pub fn is_attached(root: &Path, iface: &str) -> bool {
-    pin_dir(root, iface).is_ok_and(|d| d.join("link").exists())
+    pin_dir(root, iface).is_ok_and(|d| d.exists())
 }
 
 /// An error with its sources, `a: b: c` (aya puts the errno in a source).
@@ -229,7 +283,9 @@ impl Held {
     /// Detaches the program, removes the pins and restores the sysctls.
     pub fn release(mut self) -> Result<Detached, Error> {
         drop(self.link.take());
-        detach(&self.pin_root, &self.iface)
+        // Its own pins: the program this link held may outlive the drop for
+        // a moment, and nobody else holds it.
+        detach_checked(&self.pin_root, &self.iface, &Sysctls::default(), false)
     }
 
     /// The interface.
@@ -246,7 +302,8 @@ impl Held {
 /// Removes what a previous SynGate on `iface` left behind (a process that
 /// crashed leaves its pinned maps and changed sysctls; one attached by
 /// `tlsgate xdp attach` leaves its pinned link): detaches, unpins,
-/// restores. `None` when there was nothing.
+/// restores. `None` when there was nothing; an error, and nothing changed,
+/// when a running process still holds the program (see [`detach_with`]).
 pub fn cleanup_stale(pin_root: &Path, iface: &str) -> Result<Option<Detached>, Error> {
     if !pin_dir(pin_root, iface)?.exists() {
         return Ok(None);
@@ -274,7 +331,15 @@ pub fn attach_with(
         sysctls,
         changed: sysctls.ensure(o.mode, o.manage_sysctls)?,
     };
-    let wscale = sysctls.cookie_wscale()?;
+    let host = HostView::read(&o.iface, sysctls)?;
+    if !host.sack || !host.window_scaling {
+        tracing::info!(
+            "XDP SynGate on {}: SYN-ACKs offer no {} ({} = 0 on this host)",
+            o.iface,
+            if host.sack { "window scaling" } else { "SACK" },
+            if host.sack { WINDOW_SCALING } else { SACK },
+        );
+    }
     let saved = |name| {
         restore
             .changed
@@ -284,7 +349,7 @@ pub fn attach_with(
     };
     let config = Config {
         mode: o.mode,
-        wscale,
+        host,
         t1: o.t1,
         t2: o.t2,
         top_sample_mask: o.top_sample_mask,
@@ -309,7 +374,21 @@ pub fn attach_with(
         }
     }
 
-    std::fs::create_dir_all(&dir).map_err(|e| Error::bpf(format!("mkdir {}", dir.display()), e))?;
+    std::fs::create_dir_all(&o.pin_root)
+        .map_err(|e| Error::bpf(format!("mkdir {}", o.pin_root.display()), e))?;
+    // The directory is this attachment's claim on the interface: one that
+    // appeared since the check above is another's, and stays untouched.
+    match std::fs::create_dir(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::AlreadyAttached {
+                iface: o.iface.clone(),
+                dir: dir.display().to_string(),
+            })
+        }
+        Err(e) => return Err(Error::bpf(format!("mkdir {}", dir.display()), e)),
+    }
+    let mut pinned = Vec::new();
     let result = (|| -> Result<Option<FdLink>, Error> {
         for name in MAPS {
             let map = ebpf
@@ -317,6 +396,7 @@ pub fn attach_with(
                 .ok_or_else(|| Error::bpf(format!("find map {name}"), "not in the object"))?;
             map.pin(dir.join(name))
                 .map_err(|e| Error::bpf(format!("pin map {name}"), chain(&e)))?;
+            pinned.push(name);
         }
         let prog = syngate(&mut ebpf)?;
         let flags = if o.generic {
@@ -342,19 +422,13 @@ pub fn attach_with(
     let link = match result {
         Ok(link) => link,
         Err(e) => {
-            remove_pins(&dir);
+            // Only what this call pinned, in the directory it made.
+            remove_pins(&dir, &pinned);
             return Err(e);
         }
     };
     let changed = std::mem::take(&mut restore.changed);
-    Ok((
-        Attachment {
-            dir,
-            wscale,
-            changed,
-        },
-        link,
-    ))
+    Ok((Attachment { dir, host, changed }, link))
 }
 
 /// The `syngate` program of a loaded object.
@@ -406,8 +480,9 @@ pub fn pinned_config(dir: &Path) -> Result<Config, Error> {
     Config::decode(&raw).ok_or_else(|| Error::bpf("read the config map", "unknown mode"))
 }
 
-fn remove_pins(dir: &Path) {
-    for name in MAPS.iter().chain(&["link"]) {
+/// Removes the pins `names` and then `dir`, which must be left empty.
+fn remove_pins(dir: &Path, names: &[&str]) {
+    for name in names {
         let p = dir.join(name);
         if p.exists() {
             if let Err(e) = std::fs::remove_file(&p) {
@@ -427,8 +502,66 @@ pub fn detach(pin_root: &Path, iface: &str) -> Result<Detached, Error> {
     detach_with(pin_root, iface, &Sysctls::default())
 }
 
-/// [`detach`] with the sysctls under `sysctls`.
+/// [`detach`] with the sysctls under `sysctls`. Refuses (and changes
+/// nothing) when no link is pinned but a live program still uses the
+/// pinned maps: a running `tlsgate serve` holds it, and taking its pins and
+/// sysctls away would leave the program running on changed ground.
 pub fn detach_with(pin_root: &Path, iface: &str, sysctls: &Sysctls) -> Result<Detached, Error> {
+    detach_checked(pin_root, iface, sysctls, true)
+}
+
+/// Whether a loaded BPF program uses one of the maps pinned in `dir`: the
+/// program lives as long as something holds it (a pinned link, a process's
+/// link), and is gone from the kernel's list once its last holder is.
+fn program_alive(dir: &Path) -> Result<bool, Error> {
+    let mut ids = Vec::new();
+    for name in MAPS.iter().filter(|n| dir.join(n).exists()) {
+        let info = open_pinned(dir, name)?
+            .info()
+            .map_err(|e| Error::bpf(format!("map {name} info"), chain(&e)))?;
+        ids.push(info.id());
+    }
+    if ids.is_empty() {
+        return Ok(false);
+    }
+    let mut listed = false;
+    let mut first_error = None;
+    for prog in aya::programs::loaded_programs() {
+        // A program freed while the list is walked fails its lookup: skip
+        // it; an error with nothing listed means the list cannot be read.
+        let prog = match prog {
+            Ok(p) => p,
+            Err(e) => {
+                first_error.get_or_insert(e);
+                continue;
+            }
+        };
+        listed = true;
+        let maps = prog
+            .map_ids()
+            .map_err(|e| Error::bpf("read a loaded program's maps", chain(&e)))?
+            .ok_or_else(|| {
+                Error::bpf(
+                    "read a loaded program's maps",
+                    "the kernel does not say (before 4.15)",
+                )
+            })?;
+        if maps.iter().any(|m| ids.contains(m)) {
+            return Ok(true);
+        }
+    }
+    match first_error {
+        Some(e) if !listed => Err(Error::bpf("list the loaded BPF programs", chain(&e))),
+        _ => Ok(false),
+    }
+}
+
+fn detach_checked(
+    pin_root: &Path,
+    iface: &str,
+    sysctls: &Sysctls,
+    check_held: bool,
+) -> Result<Detached, Error> {
     let dir = pin_dir(pin_root, iface)?;
     if !dir.exists() {
         return Err(Error::NotAttached {
@@ -445,8 +578,13 @@ pub fn detach_with(pin_root: &Path, iface: &str, sysctls: &Sysctls) -> Result<De
             .unpin()
             .map_err(|e| Error::bpf(format!("unpin {}", link.display()), e))?;
         drop(fd_link);
+    } else if check_held && program_alive(&dir)? {
+        return Err(Error::HeldByProcess {
+            iface: iface.into(),
+            dir: dir.display().to_string(),
+        });
     }
-    remove_pins(&dir);
+    remove_pins(&dir, &ALL_PINS);
     let mut restored = Vec::new();
     if let Some(c) = config {
         for (name, old) in [
@@ -495,6 +633,16 @@ mod tests {
         let msg = e.to_string();
         assert!(matches!(e, Error::Verifier { .. }), "{msg}");
         assert!(msg.contains("invalid access to packet"), "{msg}");
+    }
+
+    #[test]
+    fn our_mss_is_the_kernels_advmss() {
+        assert_eq!(advmss(1500), (1460, 1440));
+        assert_eq!(advmss(1400), (1360, 1340));
+        assert_eq!(advmss(9000), (8960, 8940));
+        // The kernel's floors (ip_rt_min_advmss, ip6_rt_min_advmss).
+        assert_eq!(advmss(68), (256, 1220));
+        assert_eq!(advmss(u32::MAX), (u16::MAX, u16::MAX));
     }
 
     #[test]

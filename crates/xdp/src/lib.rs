@@ -22,7 +22,7 @@ pub mod metrics;
 pub mod stats;
 pub mod sysctl;
 
-pub use abi::Mode;
+pub use abi::{HostView, Mode};
 pub use gate::{
     attach, attach_held, cleanup_stale, detach, AttachOptions, Attachment, Detached, Held,
 };
@@ -71,6 +71,27 @@ pub enum Error {
     /// The attach request itself is wrong (ports, interface name).
     #[error("{0}")]
     Invalid(String),
+    /// The interface's MTU or MAC address could not be read.
+    #[error("interface {iface}: {detail}")]
+    Interface {
+        /// The interface.
+        iface: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The program is attached, held by a running process (`tlsgate serve`
+    /// with `[xdp]`) rather than by a pinned link: only that process may
+    /// remove it.
+    #[error(
+        "XDP SynGate on {iface} is attached and held by a running process (tlsgate serve with [xdp]?), \
+         not by a pinned link: stop that process to remove it; nothing changed (pins in {dir})"
+    )]
+    HeldByProcess {
+        /// The interface.
+        iface: String,
+        /// Its pin directory.
+        dir: String,
+    },
     /// bpffs is not mounted where the pins go.
     #[error("{path} is not a BPF filesystem (mount it: mount -t bpf bpf /sys/fs/bpf)")]
     NoBpffs {

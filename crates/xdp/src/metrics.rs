@@ -1,6 +1,7 @@
 //! SynGate's counters for `/metrics`: a Prometheus collector that reads
-//! the pinned maps at every scrape (nothing to keep in step). Its names
-//! get the registry's `tlsgate_` prefix.
+//! the maps at every scrape (nothing to keep in step), through descriptors
+//! opened once, at start: `tlsgate serve` may drop its privileges after,
+//! and the pins are root's. Its names get the registry's `tlsgate_` prefix.
 //!
 //! Every series is labelled by interface and, but for the top sources,
 //! by port: `tlsgate_xdp_syns_total`, `_cookies_total`, `_passed_total`,
@@ -10,32 +11,38 @@
 //! `tlsgate_xdp_attached` (0 when the program could not be attached and
 //! `xdp.optional` let tlsgate run unprotected).
 
-use std::path::PathBuf;
-
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
-use crate::stats::{stats, PortStats};
+use crate::stats::{PinnedMaps, PortStats};
+use crate::Error;
 
-/// Reads SynGate's pinned maps of one interface at every scrape.
+/// Reads SynGate's maps of one interface at every scrape.
 #[derive(Debug)]
 pub struct XdpCollector {
-    pin_root: PathBuf,
     iface: String,
-    attached: bool,
+    maps: Option<PinnedMaps>,
 }
 
 impl XdpCollector {
-    /// A collector for `iface`; `attached` false exports only
-    /// `tlsgate_xdp_attached 0`.
-    pub fn new(pin_root: impl Into<PathBuf>, iface: impl Into<String>, attached: bool) -> Self {
-        XdpCollector {
-            pin_root: pin_root.into(),
+    /// A collector for the attachment of `iface` under `pin_root`, its maps
+    /// opened now.
+    pub fn open(pin_root: &std::path::Path, iface: &str) -> Result<Self, Error> {
+        Ok(XdpCollector {
             iface: iface.into(),
-            attached,
+            maps: Some(PinnedMaps::open(pin_root, iface)?),
+        })
+    }
+
+    /// A collector for an interface SynGate is not attached to: it exports
+    /// only `tlsgate_xdp_attached 0`.
+    pub fn unattached(iface: impl Into<String>) -> Self {
+        XdpCollector {
+            iface: iface.into(),
+            maps: None,
         }
     }
 }
@@ -65,17 +72,13 @@ fn family(
 
 impl Collector for XdpCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = if self.attached {
-            match stats(&self.pin_root, &self.iface) {
-                Ok(s) => Some(s),
-                Err(err) => {
-                    tracing::warn!("XDP stats for /metrics: {err}");
-                    None
-                }
+        let s = self.maps.as_ref().and_then(|m| match m.stats() {
+            Ok(s) => Some(s),
+            Err(err) => {
+                tracing::warn!("XDP stats for /metrics: {err}");
+                None
             }
-        } else {
-            None
-        };
+        });
         let iface = || ("interface", self.iface.clone());
         family(
             &mut e,
@@ -188,7 +191,7 @@ mod tests {
     #[test]
     fn unprotected_exports_attached_zero() {
         let mut r = Registry::with_prefix("tlsgate");
-        r.register_collector(Box::new(XdpCollector::new("/nonexistent", "eth9", false)));
+        r.register_collector(Box::new(XdpCollector::unattached("eth9")));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).expect("encodes");
         assert!(out.contains(r#"xdp_attached{interface="eth9"} 0"#), "{out}");

@@ -20,6 +20,12 @@ use crate::Error;
 pub const SYNCOOKIES: &str = "net.ipv4.tcp_syncookies";
 /// `net.ipv4.tcp_timestamps`.
 pub const TIMESTAMPS: &str = "net.ipv4.tcp_timestamps";
+/// `net.ipv4.tcp_sack`: 0 (the CVE-2019-11477 mitigation) makes the kernel
+/// refuse a cookie that says SACK was agreed.
+pub const SACK: &str = "net.ipv4.tcp_sack";
+/// `net.ipv4.tcp_window_scaling`: 0 makes the kernel refuse a cookie that
+/// carries a window scale.
+pub const WINDOW_SCALING: &str = "net.ipv4.tcp_window_scaling";
 
 /// Reads and writes sysctls under a root (`/proc/sys`, or a directory in
 /// tests).
@@ -114,6 +120,11 @@ impl Sysctls {
             changed.push((name, i32::try_from(have).unwrap_or(-1)));
         }
         Ok(changed)
+    }
+
+    /// Whether a boolean sysctl is on (non-zero).
+    pub fn enabled(&self, name: &str) -> Result<bool, Error> {
+        Ok(self.read(name)? != 0)
     }
 
     /// The receive window scale the kernel gives a socket made from a
