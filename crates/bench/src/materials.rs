@@ -122,9 +122,9 @@ impl Materials {
 
 /// "1k", "64k", "1m", "10m", or bytes.
 pub fn size_name(size: u64) -> String {
-    if size >= 1 << 20 && size % (1 << 20) == 0 {
+    if size >= 1 << 20 && size.is_multiple_of(1 << 20) {
         format!("{}m", size >> 20)
-    } else if size >= 1 << 10 && size % (1 << 10) == 0 {
+    } else if size >= 1 << 10 && size.is_multiple_of(1 << 10) {
         format!("{}k", size >> 10)
     } else {
         format!("{size}b")

@@ -1143,7 +1143,7 @@ fn a_slow_reader_gets_a_big_file_byte_exact() {
         got.extend_from_slice(&buf[..n]);
         reads += 1;
         // Slow for the first megabytes: the server keeps meeting a full socket.
-        if got.len() < (4 << 20) && reads % 16 == 0 {
+        if got.len() < (4 << 20) && reads.is_multiple_of(16) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }

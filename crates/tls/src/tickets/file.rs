@@ -238,7 +238,8 @@ pub fn generate(path: &Path, count: usize, force: bool) -> Result<(), KeyFileErr
             format!("expected --keys from 1 to {MAX_KEYS}, found {count}"),
         ));
     }
-    if !force && std::fs::symlink_metadata(path).is_ok() {
+    let exists = std::fs::symlink_metadata(path).is_ok();
+    if !force && exists {
         return Err(fail(
             path,
             "exists; use `ticket-keys rotate` to add a key, or --force to replace every key",
@@ -248,7 +249,58 @@ pub fn generate(path: &Path, count: usize, force: bool) -> Result<(), KeyFileErr
         .map(|_| Secret::generate())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| fail(path, e.problem))?;
-    write_atomic(path, &keys, None)
+    if !exists {
+        return write_atomic(path, &keys, None);
+    }
+    let target = followed(path)?;
+    let _lock = lock_current(&target)?;
+    write_atomic(&target, &keys, None)
+}
+
+/// The file `path` names, through any symlinks: a key file shared by a
+/// fleet is often a link to one on shared storage, and replacing the link
+/// with a file of its own would part this host from the others' keys.
+fn followed(path: &Path) -> Result<PathBuf, KeyFileError> {
+    std::fs::canonicalize(path).map_err(|e| fail(path, format!("cannot resolve: {e}")))
+}
+
+/// How long a rotation waits for another one on the same file.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Holds an exclusive lock on the file at `path` from before it is read
+/// until the rename that replaces it, so two rotations (cron jobs that
+/// overlap, hosts sharing the file) run one after the other and neither
+/// drops the other's new key. A rotation that waited reads the file the
+/// other one wrote: the lock is taken again if the file was replaced.
+fn lock_current(path: &Path) -> Result<File, KeyFileError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let f = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+        loop {
+            match f.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(fail(
+                        path,
+                        format!("locked by another rotation for {}s", LOCK_WAIT.as_secs()),
+                    ))
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(fail(path, format!("cannot lock: {e}")))
+                }
+            }
+        }
+        let locked = f
+            .metadata()
+            .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+        let now = std::fs::metadata(path).map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+        if (locked.dev(), locked.ino()) == (now.dev(), now.ino()) {
+            return Ok(f);
+        }
+    }
 }
 
 /// What [`rotate`] did.
@@ -269,14 +321,19 @@ pub fn rotate(path: &Path, keep: usize) -> Result<Rotated, KeyFileError> {
             format!("expected --keep from 1 to {MAX_KEYS}, found {keep}"),
         ));
     }
-    let old = read(path)?;
-    let meta = std::fs::metadata(path).map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+    let target = followed(path)?;
+    let lock = lock_current(&target)?;
+    let old = read(&target)?;
+    let meta = lock
+        .metadata()
+        .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
     let mut keys = Vec::with_capacity(old.len() + 1);
     keys.push(Secret::generate().map_err(|e| fail(path, e.problem))?);
     keys.extend(old);
     let dropped = keys.len().saturating_sub(keep);
     keys.truncate(keep);
-    write_atomic(path, &keys, Some((meta.uid(), meta.gid())))?;
+    write_atomic(&target, &keys, Some((meta.uid(), meta.gid())))?;
+    drop(lock);
     Ok(Rotated {
         kept: keys.len(),
         dropped,
@@ -290,6 +347,56 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    }
+
+    /// A rotation through a symlink replaces the file it names (the one
+    /// the fleet shares) and leaves the link.
+    #[test]
+    fn rotate_through_a_symlink_replaces_the_file_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("shared")).unwrap();
+        std::fs::create_dir(dir.path().join("local")).unwrap();
+        let shared = dir.path().join("shared/keys");
+        let link = dir.path().join("local/keys");
+        generate(&shared, 2, false).unwrap();
+        std::os::unix::fs::symlink("../shared/keys", &link).unwrap();
+        assert_eq!(rotate(&link, 8).unwrap().kept, 3);
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(read(&shared).unwrap().len(), 3);
+        generate(&link, 1, true).unwrap();
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(read(&shared).unwrap().len(), 1);
+        assert_eq!(mode(&shared), 0o600);
+    }
+
+    /// Rotations at once (overlapping cron jobs, hosts sharing the file)
+    /// each add their key: none is lost.
+    #[test]
+    fn concurrent_rotations_lose_no_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("keys");
+        generate(&p, 1, false).unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..3 {
+                        rotate(&p, MAX_KEYS).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let keys = read(&p).unwrap();
+        assert_eq!(keys.len(), 1 + 8 * 3);
     }
 
     #[test]

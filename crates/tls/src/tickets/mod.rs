@@ -246,9 +246,12 @@ impl TicketKeys {
     fn refresh_memory(&self, rotation: u64) {
         let now = (self.clock)();
         let current = self.ring.load_full();
+        // A clock set back (a host booted with a wrong time, then
+        // corrected) leaves the key's age unknown: it is replaced now rather
+        // than sealing for as long as the clock went back.
         let due = current
             .first()
-            .is_none_or(|k| now >= k.since.saturating_add(rotation));
+            .is_none_or(|k| now < k.since || now >= k.since.saturating_add(rotation));
         let mut all: Ring = Vec::with_capacity(current.len() + 1);
         if due {
             match Secret::generate()

@@ -300,3 +300,24 @@ fn debug_never_shows_key_material() {
     assert!(text.contains("keys: 1"), "{text}");
     assert!(!text.contains("aead"), "{text}");
 }
+
+/// A clock set back a day does not keep one key sealing for a day more:
+/// the key is replaced at once, and the next rotation comes on time.
+#[test]
+fn a_clock_set_back_rotates_the_key_at_once() {
+    let hand = Hand::at(1_000_000);
+    let (keys, counts) = memory(3600, 600, &hand);
+    let before = keys.seal(CX, STATE).unwrap();
+    hand.0.fetch_sub(86_400, Ordering::SeqCst);
+    keys.refresh();
+    assert_eq!(n(&counts.rotated), 1);
+    let after = keys.seal(CX, STATE).unwrap();
+    // Another key seals now: the key name, the first bytes, differs.
+    assert_ne!(before[..16], after[..16]);
+    hand.advance(599);
+    keys.refresh();
+    assert_eq!(n(&counts.rotated), 1);
+    hand.advance(1);
+    keys.refresh();
+    assert_eq!(n(&counts.rotated), 2);
+}
