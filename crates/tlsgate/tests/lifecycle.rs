@@ -328,3 +328,22 @@ fn sigterm_finishes_requests_in_flight_then_exits_0() {
     assert_eq!(status.code(), Some(0), "{}", s.log());
     assert!(s.log().contains("stopped"));
 }
+
+#[test]
+fn check_config_refuses_a_server_header_that_would_split_responses() {
+    let fx = Fixture::new();
+    for value in [r"x\r\nSet-Cookie: session=evil", r"x\u0000y", r"x\u007F"] {
+        let p =
+            fx.write_config(&fx.config(&format!("[server]\nserver_header = \"{value}\"\n"), ""));
+        let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{value}: {err}");
+        assert!(
+            err.contains("tlsgate.toml") && err.contains("server.server_header"),
+            "{value}: {err}"
+        );
+    }
+    // A tab and non-ASCII bytes are field content (RFC 9110 §5.5).
+    let p = fx.write_config(&fx.config("[server]\nserver_header = \"a\\tb é\"\n", ""));
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+}
