@@ -347,3 +347,37 @@ fn check_config_refuses_a_server_header_that_would_split_responses() {
     let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// `GET path` on the admin listener; the answer, or why none came within `limit`.
+fn admin_probe(admin: std::net::SocketAddr, path: &str, limit: Duration) -> Result<String, String> {
+    let mut s = TcpStream::connect(admin).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(limit)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("no answer within {limit:?}: {e}"))?;
+    Ok(out)
+}
+
+#[test]
+fn idle_admin_connections_do_not_keep_probes_waiting() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let admin = s.admin.unwrap();
+    // More idle sockets than answers served at once (32).
+    let idle: Vec<TcpStream> = (0..64)
+        .map(|_| TcpStream::connect(admin).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let answer = admin_probe(admin, "/healthz", Duration::from_secs(1)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    // The idle ones are let go soon (no request head within 1 s).
+    let mut first = &idle[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(first.read(&mut buf).unwrap_or(0), 0);
+}
