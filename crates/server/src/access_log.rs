@@ -5,10 +5,13 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
 use tlsgate_config::{LogFormat, LogTarget};
+use tlsgate_metrics::types::Counter;
 use tlsgate_tls::ClientIdentity;
 
 /// Lines waiting for the writer before new ones are dropped.
@@ -52,46 +55,99 @@ pub struct Record<'a> {
 
 enum Msg {
     Line(String),
-    Reopen(LogTarget),
-    Flush(SyncSender<()>),
+    /// Look at the shared state (a reopen waiting): sent when the queue
+    /// has room; when it has none the writer looks after its next line.
+    Wake,
+}
+
+/// What the workers, the main thread and the writer share besides the
+/// queue. Nothing here is ever waited for without a limit.
+struct State {
+    /// A target to switch to (reload, rotation); the newest wins.
+    reopen: Mutex<Option<LogTarget>>,
+    /// Lines accepted into the queue.
+    queued: AtomicU64,
+    /// Lines the writer has finished with (written and flushed, or lost).
+    done: Mutex<u64>,
+    done_changed: Condvar,
+    /// `tlsgate_access_log_dropped_total`.
+    dropped: Counter,
 }
 
 /// The sending side; cheap to clone into every worker.
 #[derive(Clone)]
 pub struct AccessLog {
     tx: SyncSender<Msg>,
+    state: Arc<State>,
+}
+
+/// A lock that a panicked holder cannot make unusable: the data (a
+/// target, a count) is valid whatever the holder did.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl AccessLog {
-    /// Starts the writer thread on `target`.
-    pub fn start(target: &LogTarget) -> io::Result<AccessLog> {
+    /// Starts the writer thread on `target`; lines it loses are counted
+    /// in `dropped`.
+    pub fn start(target: &LogTarget, dropped: Counter) -> io::Result<AccessLog> {
         let sink = open(target)?;
         let (tx, rx) = sync_channel(QUEUE);
+        let state = Arc::new(State {
+            reopen: Mutex::new(None),
+            queued: AtomicU64::new(0),
+            done: Mutex::new(0),
+            done_changed: Condvar::new(),
+            dropped,
+        });
+        let shared = state.clone();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(rx, sink))?;
-        Ok(AccessLog { tx })
+            .spawn(move || writer(rx, sink, &shared))?;
+        Ok(AccessLog { tx, state })
     }
 
     /// Queues a line; false when the queue is full (the caller counts it).
     pub fn log(&self, line: String) -> bool {
-        !matches!(
-            self.tx.try_send(Msg::Line(line)),
-            Err(TrySendError::Full(_))
-        )
+        match self.tx.try_send(Msg::Line(line)) {
+            Ok(()) => {
+                self.state.queued.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(TrySendError::Full(_)) => false,
+            Err(TrySendError::Disconnected(_)) => true,
+        }
     }
 
     /// Switches to a new target (on reload; also reopens a rotated file).
+    /// Never waits: a writer stuck on its output (a pipe nobody reads)
+    /// must not hold up the reload that calls this.
     pub fn reopen(&self, target: LogTarget) {
-        let _ = self.tx.send(Msg::Reopen(target));
+        *lock(&self.state.reopen) = Some(target);
+        let _ = self.tx.try_send(Msg::Wake);
     }
 
-    /// Waits until everything queued so far is written.
-    pub fn flush(&self) {
-        let (tx, rx) = sync_channel(1);
-        if self.tx.send(Msg::Flush(tx)).is_ok() {
-            let _ = rx.recv_timeout(Duration::from_secs(5));
+    /// Waits at most `limit` until every line queued so far is written;
+    /// the lines still unwritten then are counted as dropped and returned.
+    pub fn flush(&self, limit: Duration) -> u64 {
+        let target = self.state.queued.load(Ordering::Relaxed);
+        let deadline = Instant::now() + limit;
+        let mut done = lock(&self.state.done);
+        while *done < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            done = self
+                .state
+                .done_changed
+                .wait_timeout(done, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
+        let lost = target.saturating_sub(*done);
+        self.state.dropped.inc_by(lost);
+        lost
     }
 }
 
@@ -120,7 +176,9 @@ fn open(target: &LogTarget) -> io::Result<Sink> {
     })
 }
 
-fn writer(rx: Receiver<Msg>, mut sink: Sink) {
+fn writer(rx: Receiver<Msg>, mut sink: Sink, state: &State) {
+    // Lines taken off the queue, written or lost.
+    let mut taken = 0u64;
     let mut pending = 0usize;
     loop {
         // Block for the first message, then drain without blocking and
@@ -136,33 +194,32 @@ fn writer(rx: Receiver<Msg>, mut sink: Sink) {
                 Err(_) => {
                     flush(&mut sink);
                     pending = 0;
+                    *lock(&state.done) = taken;
+                    state.done_changed.notify_all();
                     continue;
                 }
             }
         };
-        match msg {
-            Msg::Line(line) => {
-                let r = match &mut sink {
-                    Sink::Off => Ok(()),
-                    Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
-                    Sink::File(f) => f.write_all(line.as_bytes()),
-                };
-                if let Err(e) = r {
-                    tracing::warn!("access log write failed: {e}");
-                }
-                pending += 1;
+        if let Msg::Line(line) = msg {
+            let r = match &mut sink {
+                Sink::Off => Ok(()),
+                Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
+                Sink::File(f) => f.write_all(line.as_bytes()),
+            };
+            if let Err(e) = r {
+                tracing::warn!("access log write failed: {e}");
             }
-            Msg::Reopen(target) => {
-                flush(&mut sink);
-                match open(&target) {
-                    Ok(s) => sink = s,
-                    Err(e) => tracing::error!("{e}; keeping the previous access log"),
-                }
-            }
-            Msg::Flush(done) => {
-                flush(&mut sink);
-                pending = 0;
-                let _ = done.send(());
+            taken += 1;
+        }
+        // Counted as pending even for a wake-up, so the done count is
+        // published once the queue is empty.
+        pending += 1;
+        let reopen = lock(&state.reopen).take();
+        if let Some(target) = reopen {
+            flush(&mut sink);
+            match open(&target) {
+                Ok(s) => sink = s,
+                Err(e) => tracing::error!("{e}; keeping the previous access log"),
             }
         }
     }
@@ -394,10 +451,10 @@ mod tests {
     fn file_target_gets_lines() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("access.log");
-        let log = AccessLog::start(&LogTarget::File(p.clone())).unwrap();
+        let log = AccessLog::start(&LogTarget::File(p.clone()), Counter::default()).unwrap();
         assert!(log.log("one\n".into()));
         assert!(log.log("two\n".into()));
-        log.flush();
+        assert_eq!(log.flush(Duration::from_secs(5)), 0);
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
     }
 }

@@ -86,6 +86,9 @@ pub enum StartError {
     },
 }
 
+/// How long the end of shutdown waits for the access log to be written.
+const FINAL_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// State shared by the main thread and every worker.
 pub struct Shared {
     /// The running generation; replaced whole on reload.
@@ -254,7 +257,10 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     privileges::drop(ids)?;
     // A thread of their own: started once privileges are gone.
     gen.pools.start_background_tasks()?;
-    let access_log = AccessLog::start(&gen.config.access_log.target)?;
+    let access_log = AccessLog::start(
+        &gen.config.access_log.target,
+        metrics.access_log_dropped.clone(),
+    )?;
 
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -318,7 +324,10 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     for t in threads {
         let _ = t.join();
     }
-    shared.access_log.flush();
+    let lost = shared.access_log.flush(FINAL_FLUSH);
+    if lost > 0 {
+        tracing::warn!("{lost} access log lines not written: the log's output did not take them within {FINAL_FLUSH:?}");
+    }
     drop(gate);
     tracing::info!("stopped");
     Ok(())

@@ -1,0 +1,88 @@
+//! The access log against outputs that misbehave: a pipe nobody reads,
+//! a full disk, a file renamed away; and the lines of responses that
+//! broke off.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A FIFO at `path` opened for reading (so the server's end opens and
+/// writes do not fail) and its write end for the server's stdout. The
+/// read end is returned and never read: the writer's output stalls.
+fn stalled_fifo(path: &Path) -> (std::fs::File, Stdio) {
+    let ok = Command::new("mkfifo").arg(path).status().unwrap().success();
+    assert!(ok, "mkfifo failed");
+    // Each end's open waits for the other's.
+    let reader = {
+        let path = path.to_owned();
+        std::thread::spawn(move || std::fs::File::open(path).unwrap())
+    };
+    let writer = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    (reader.join().unwrap(), Stdio::from(writer))
+}
+
+/// Serves with the access log on a stdout that nobody reads and loads it
+/// until lines are dropped: the pipe is full, the writer thread is stuck
+/// in write(2) and its queue is full behind it.
+fn server_with_stuck_log(fx: &Fixture) -> (Server, std::fs::File) {
+    let (reader, stdout) = stalled_fifo(&fx.path().join("stdout.fifo"));
+    let config = fx.write_config(&fx.config(
+        "[server]\nshutdown_timeout = \"2s\"\n[limits]\nhandshake_rate_per_source = 0\n",
+        "",
+    ));
+    let s = Server::spawn_with_stdout(&["serve", "--config", config.to_str().unwrap()], stdout);
+    // 404s with long paths: cheap to answer, and each line is long so the
+    // pipe fills early. The queue holds 65 536 lines.
+    let url = s.url(&format!("/{}", "x".repeat(200)));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while s.metric("tlsgate_access_log_dropped_total") == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the access log queue never filled:\n{}",
+            s.log()
+        );
+        let out = Command::new("h2load")
+            .args(["-n", "30000", "-c", "4", "-m", "64", "-t", "1", &url])
+            .output()
+            .expect("h2load must be installed (./dev setup installs nghttp2-client)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    (s, reader)
+}
+
+#[test]
+fn stuck_log_output_does_not_hold_up_reload() {
+    let fx = Fixture::new();
+    let (s, _reader) = server_with_stuck_log(&fx);
+    s.signal("HUP");
+    // The admin listener runs on the thread that reloads: it answers, and
+    // the reload is counted, while the writer is still stuck.
+    s.expect_metric_line("tlsgate_reloads_total{result=\"ok\"} 1\n");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+}
+
+#[test]
+fn stuck_log_output_does_not_hold_up_shutdown() {
+    let fx = Fixture::new();
+    let (mut s, _reader) = server_with_stuck_log(&fx);
+    let t = Instant::now();
+    s.signal("TERM");
+    // shutdown_timeout (2 s), the final flush's 2 s and some slack.
+    let status = s.wait_exit(Duration::from_secs(8));
+    assert_eq!(status.code(), Some(0), "{}", s.log());
+    assert!(t.elapsed() < Duration::from_secs(8));
+    assert!(
+        s.log().contains("access log lines not written"),
+        "{}",
+        s.log()
+    );
+}
