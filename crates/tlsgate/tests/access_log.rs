@@ -86,3 +86,57 @@ fn stuck_log_output_does_not_hold_up_shutdown() {
         s.log()
     );
 }
+
+/// The status and body bytes of the only access-log line for `target`,
+/// once it is there (the line is written after the connection broke).
+fn only_line_for(s: &Server, target: &str) -> (u16, u64) {
+    let line = s.wait_access_line(&[&format!(" {target} HTTP/")]);
+    // Nothing more comes for the same request.
+    std::thread::sleep(Duration::from_millis(500));
+    let log = s.access_log();
+    let count = log
+        .lines()
+        .filter(|l| l.contains(&format!(" {target} HTTP/")))
+        .count();
+    assert_eq!(count, 1, "{log}");
+    let mut fields = line.split('"').nth(2).unwrap().split_whitespace();
+    let status = fields.next().unwrap().parse().unwrap();
+    let bytes = fields.next().unwrap().parse().unwrap();
+    (status, bytes)
+}
+
+#[test]
+fn responses_broken_off_are_logged_with_the_bytes_sent() {
+    let fx = Fixture::new();
+    let size = 64u64 << 20;
+    std::fs::write(fx.root.join("huge.bin"), vec![5u8; size as usize]).unwrap();
+    let s = Server::start(&fx, &fx.config("[limits]\nsend_timeout = \"1s\"\n", ""));
+    // The client gives up after a second, over each protocol.
+    for (target, protocol) in [("/huge.bin?h1", "--http1.1"), ("/huge.bin?h2", "--http2")] {
+        let out = s.curl(&[
+            protocol,
+            "-m",
+            "1",
+            "--limit-rate",
+            "100k",
+            "-o",
+            "/dev/null",
+            &s.url(target),
+        ]);
+        assert!(!out.status.success(), "the download was meant to be cut");
+        let (status, bytes) = only_line_for(&s, target);
+        assert_eq!(status, 200, "{target}");
+        assert!(bytes > 0 && bytes < size, "{target}: {bytes} bytes logged");
+    }
+    // A client that stops reading: the send timeout ends it.
+    let mut stalled = tls_connect(s.addr);
+    std::io::Write::write_all(
+        &mut stalled,
+        b"GET /huge.bin?stall HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    let (status, bytes) = only_line_for(&s, "/huge.bin?stall");
+    assert_eq!(status, 200);
+    assert!(bytes > 0 && bytes < size, "{bytes} bytes logged");
+    drop(stalled);
+}
