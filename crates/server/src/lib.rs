@@ -313,21 +313,33 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
                 Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
             }
         }
+        // Shutdown runs on this runtime too: the admin listener lives here,
+        // and /healthz must answer 503 while requests in flight finish.
+        let grace = shared.current.load().config.shutdown_timeout;
+        tracing::info!(
+            "shutting down: no new connections, finishing requests in flight (up to {grace:?})"
+        );
+        shared.shutdown.send_replace(true);
+        let finishing = shared.clone();
+        let finished = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+            finishing.access_log.flush(FINAL_FLUSH)
+        });
+        // The workers end by their grace period; a flush by its own limit.
+        match tokio::time::timeout(grace + FINAL_FLUSH + FINAL_FLUSH, finished).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(lost)) => tracing::warn!(
+                "{lost} access log lines not written: the log's output did not take them within {FINAL_FLUSH:?}"
+            ),
+            Ok(Err(e)) => tracing::error!("shutdown: {e}"),
+            Err(_) => tracing::warn!("workers still running at the shutdown deadline; exiting anyway"),
+        }
         Ok::<(), std::io::Error>(())
     })?;
-
-    let grace = shared.current.load().config.shutdown_timeout;
-    tracing::info!(
-        "shutting down: no new connections, finishing requests in flight (up to {grace:?})"
-    );
-    shared.shutdown.send_replace(true);
-    for t in threads {
-        let _ = t.join();
-    }
-    let lost = shared.access_log.flush(FINAL_FLUSH);
-    if lost > 0 {
-        tracing::warn!("{lost} access log lines not written: the log's output did not take them within {FINAL_FLUSH:?}");
-    }
+    // Not waiting for a join or flush that the deadline above gave up on.
+    rt.shutdown_background();
     drop(gate);
     tracing::info!("stopped");
     Ok(())

@@ -360,6 +360,41 @@ fn admin_probe(admin: std::net::SocketAddr, path: &str, limit: Duration) -> Resu
 }
 
 #[test]
+fn healthz_answers_503_while_requests_in_flight_finish() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root.join("huge.bin"), vec![7u8; 48 << 20]).unwrap();
+    let mut s = Server::start(
+        &fx,
+        &fx.config("[server]\nshutdown_timeout = \"30s\"\n", ""),
+    );
+    let admin = s.admin.unwrap();
+    let ok = admin_probe(admin, "/healthz", Duration::from_secs(1)).unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // A slow download keeps the shutdown waiting.
+    let resolve = format!("localhost:{}:127.0.0.1", s.addr.port());
+    let mut download = Command::new("curl")
+        .args(["-sS", "-k", "--limit-rate", "1M", "-o", "/dev/null"])
+        .args(["--resolve", &resolve, &s.url("/huge.bin")])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    s.signal("TERM");
+    s.wait_log("shutting down", Duration::from_secs(5));
+    let answer = admin_probe(admin, "/healthz", Duration::from_secs(1));
+    let in_flight = download.try_wait().unwrap().is_none();
+    let _ = download.kill();
+    let _ = download.wait();
+    let answer = answer.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(in_flight, "the download ended before the probe");
+    assert!(
+        s.running(),
+        "exited before the download ended:\n{}",
+        s.log()
+    );
+}
+
+#[test]
 fn idle_admin_connections_do_not_keep_probes_waiting() {
     let fx = Fixture::new();
     let s = Server::start(&fx, &fx.config("", ""));

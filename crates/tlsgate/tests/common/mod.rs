@@ -242,6 +242,11 @@ impl Server {
         assert!(ok, "kill -{name} failed");
     }
 
+    /// Whether the process has not exited yet.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
