@@ -176,7 +176,73 @@ fn open(target: &LogTarget) -> io::Result<Sink> {
     })
 }
 
-fn writer(rx: Receiver<Msg>, mut sink: Sink, state: &State) {
+/// At most one warning about lost lines per this long: a full disk must
+/// not turn every request into a line of the server's own log.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The sink with what is needed to count what it loses.
+struct Output<'a> {
+    sink: Sink,
+    /// Lines written into the sink's buffer since its last flush.
+    unflushed: u64,
+    /// Lines lost since the last warning, and when that was.
+    lost: u64,
+    warned: Option<Instant>,
+    dropped: &'a Counter,
+}
+
+impl Output<'_> {
+    fn write(&mut self, line: &str) {
+        let r = match &mut self.sink {
+            Sink::Off => Ok(()),
+            Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
+            Sink::File(f) => f.write_all(line.as_bytes()),
+        };
+        match r {
+            Ok(()) => self.unflushed += 1,
+            Err(e) => self.lose(1, &e),
+        }
+    }
+
+    fn flush(&mut self) {
+        let r = match &mut self.sink {
+            Sink::Off => Ok(()),
+            Sink::Stdout(s) => s.lock().flush(),
+            Sink::File(f) => f.flush(),
+        };
+        let unflushed = std::mem::take(&mut self.unflushed);
+        if let Err(e) = r {
+            // The buffer's lines will not be written: let them go (a
+            // full buffer would otherwise take no line at all) and count them.
+            if let Sink::File(f) = std::mem::replace(&mut self.sink, Sink::Off) {
+                self.sink = Sink::File(BufWriter::new(f.into_parts().0));
+            }
+            self.lose(unflushed, &e);
+        }
+    }
+
+    fn lose(&mut self, lines: u64, e: &io::Error) {
+        self.dropped.inc_by(lines);
+        self.lost += lines;
+        if self.warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            tracing::warn!(
+                "access log write failed: {e}; {} lines lost since the last such warning (at most one per {WARN_EVERY:?})",
+                self.lost
+            );
+            self.lost = 0;
+            self.warned = Some(Instant::now());
+        }
+    }
+}
+
+fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
+    let mut out = Output {
+        sink,
+        unflushed: 0,
+        lost: 0,
+        warned: None,
+        dropped: &state.dropped,
+    };
     // Lines taken off the queue, written or lost.
     let mut taken = 0u64;
     let mut pending = 0usize;
@@ -192,7 +258,7 @@ fn writer(rx: Receiver<Msg>, mut sink: Sink, state: &State) {
             match rx.try_recv() {
                 Ok(m) => m,
                 Err(_) => {
-                    flush(&mut sink);
+                    out.flush();
                     pending = 0;
                     *lock(&state.done) = taken;
                     state.done_changed.notify_all();
@@ -201,14 +267,7 @@ fn writer(rx: Receiver<Msg>, mut sink: Sink, state: &State) {
             }
         };
         if let Msg::Line(line) = msg {
-            let r = match &mut sink {
-                Sink::Off => Ok(()),
-                Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
-                Sink::File(f) => f.write_all(line.as_bytes()),
-            };
-            if let Err(e) = r {
-                tracing::warn!("access log write failed: {e}");
-            }
+            out.write(&line);
             taken += 1;
         }
         // Counted as pending even for a wake-up, so the done count is
@@ -216,21 +275,13 @@ fn writer(rx: Receiver<Msg>, mut sink: Sink, state: &State) {
         pending += 1;
         let reopen = lock(&state.reopen).take();
         if let Some(target) = reopen {
-            flush(&mut sink);
+            out.flush();
             match open(&target) {
-                Ok(s) => sink = s,
+                Ok(s) => out.sink = s,
                 Err(e) => tracing::error!("{e}; keeping the previous access log"),
             }
         }
     }
-}
-
-fn flush(sink: &mut Sink) {
-    let _ = match sink {
-        Sink::Off => Ok(()),
-        Sink::Stdout(s) => s.lock().flush(),
-        Sink::File(f) => f.flush(),
-    };
 }
 
 /// Appends `bytes` for a quoted log field: printable ASCII as is, `"` and

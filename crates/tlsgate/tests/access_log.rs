@@ -140,3 +140,21 @@ fn responses_broken_off_are_logged_with_the_bytes_sent() {
     assert!(bytes > 0 && bytes < size, "{bytes} bytes logged");
     drop(stalled);
 }
+
+#[test]
+fn a_full_disk_is_counted_and_warned_about_once() {
+    let fx = Fixture::new();
+    let s = Server::start(
+        &fx,
+        &fx.config("[access_log]\ntarget = \"/dev/full\"\n", ""),
+    );
+    let url = s.url("/hello.txt");
+    // 30 requests on one connection.
+    let urls: Vec<&str> = std::iter::repeat_n(url.as_str(), 30).collect();
+    let out = s.curl(&urls);
+    assert!(out.status.success());
+    s.expect_metric_line("tlsgate_access_log_dropped_total 30\n");
+    let log = s.log();
+    assert_eq!(log.matches("access log write failed").count(), 1, "{log}");
+    assert!(log.contains("lines lost"), "{log}");
+}
