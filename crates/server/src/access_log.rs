@@ -5,7 +5,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -72,6 +72,22 @@ struct State {
     done_changed: Condvar,
     /// `tlsgate_access_log_dropped_total`.
     dropped: Counter,
+    /// The format of new lines ([`FORMAT_OFF`] for no log): the process's,
+    /// like the sink, so that a reload switches both at once and lines of
+    /// connections from before it do not mix formats in one file.
+    format: AtomicU8,
+}
+
+const FORMAT_OFF: u8 = 0;
+const FORMAT_COMBINED: u8 = 1;
+const FORMAT_JSON: u8 = 2;
+
+fn format_code(target: &LogTarget, format: LogFormat) -> u8 {
+    match (target, format) {
+        (LogTarget::Off, _) => FORMAT_OFF,
+        (_, LogFormat::Combined) => FORMAT_COMBINED,
+        (_, LogFormat::Json) => FORMAT_JSON,
+    }
 }
 
 /// The sending side; cheap to clone into every worker.
@@ -88,9 +104,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl AccessLog {
-    /// Starts the writer thread on `target`; lines it loses are counted
-    /// in `dropped`.
-    pub fn start(target: &LogTarget, dropped: Counter) -> io::Result<AccessLog> {
+    /// Starts the writer thread on `target`, lines in `format`; lines it
+    /// loses are counted in `dropped`.
+    pub fn start(target: &LogTarget, format: LogFormat, dropped: Counter) -> io::Result<AccessLog> {
         let sink = open(target)?;
         let (tx, rx) = sync_channel(QUEUE);
         let state = Arc::new(State {
@@ -99,6 +115,7 @@ impl AccessLog {
             done: Mutex::new(0),
             done_changed: Condvar::new(),
             dropped,
+            format: AtomicU8::new(format_code(target, format)),
         });
         let shared = state.clone();
         std::thread::Builder::new()
@@ -119,10 +136,22 @@ impl AccessLog {
         }
     }
 
-    /// Switches to a new target (on reload; also reopens a rotated file).
-    /// Never waits: a writer stuck on its output (a pipe nobody reads)
-    /// must not hold up the reload that calls this.
-    pub fn reopen(&self, target: LogTarget) {
+    /// The format of new lines; `None` when the log is off.
+    pub fn format(&self) -> Option<LogFormat> {
+        match self.state.format.load(Ordering::Relaxed) {
+            FORMAT_COMBINED => Some(LogFormat::Combined),
+            FORMAT_JSON => Some(LogFormat::Json),
+            _ => None,
+        }
+    }
+
+    /// Switches to a new target and format (on reload; also reopens a
+    /// rotated file). Never waits: a writer stuck on its output (a pipe
+    /// nobody reads) must not hold up the reload that calls this.
+    pub fn reopen(&self, target: LogTarget, format: LogFormat) {
+        self.state
+            .format
+            .store(format_code(&target, format), Ordering::Relaxed);
         *lock(&self.state.reopen) = Some(target);
         let _ = self.tx.try_send(Msg::Wake);
     }
@@ -502,7 +531,12 @@ mod tests {
     fn file_target_gets_lines() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("access.log");
-        let log = AccessLog::start(&LogTarget::File(p.clone()), Counter::default()).unwrap();
+        let log = AccessLog::start(
+            &LogTarget::File(p.clone()),
+            LogFormat::Combined,
+            Counter::default(),
+        )
+        .unwrap();
         assert!(log.log("one\n".into()));
         assert!(log.log("two\n".into()));
         assert_eq!(log.flush(Duration::from_secs(5)), 0);

@@ -259,6 +259,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     gen.pools.start_background_tasks()?;
     let access_log = AccessLog::start(
         &gen.config.access_log.target,
+        gen.config.access_log.format,
         metrics.access_log_dropped.clone(),
     )?;
 
@@ -395,9 +396,10 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         });
     match result {
         Ok(new) => {
-            shared
-                .access_log
-                .reopen(new.config.access_log.target.clone());
+            shared.access_log.reopen(
+                new.config.access_log.target.clone(),
+                new.config.access_log.format,
+            );
             let origin = new.config.origin.clone();
             if let Err(e) = new.pools.start_background_tasks() {
                 tracing::error!(

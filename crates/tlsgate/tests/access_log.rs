@@ -141,6 +141,17 @@ fn responses_broken_off_are_logged_with_the_bytes_sent() {
     drop(stalled);
 }
 
+/// Reads one `/hello.txt` answer off a keep-alive connection.
+fn read_hello(c: &mut TlsStream) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(HELLO.as_bytes()) {
+        let n = std::io::Read::read(c, &mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 #[test]
 fn a_full_disk_is_counted_and_warned_about_once() {
     let fx = Fixture::new();
@@ -157,4 +168,44 @@ fn a_full_disk_is_counted_and_warned_about_once() {
     let log = s.log();
     assert_eq!(log.matches("access log write failed").count(), 1, "{log}");
     assert!(log.contains("lines lost"), "{log}");
+}
+
+#[test]
+fn a_reload_switches_the_format_of_open_connections_too() {
+    let fx = Fixture::new();
+    let combined = fx.path().join("combined.log");
+    let json = fx.path().join("json.log");
+    let s = Server::start(
+        &fx,
+        &fx.config(&format!("[access_log]\ntarget = {combined:?}\n"), ""),
+    );
+    let mut old = tls_connect(s.addr);
+    std::io::Write::write_all(
+        &mut old,
+        b"GET /hello.txt?old1 HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    read_hello(&mut old);
+    wait_file_line(&combined, "?old1");
+    fx.write_config(&fx.config(
+        &format!("[access_log]\ntarget = {json:?}\nformat = \"json\"\n"),
+        "",
+    ));
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    // The connection from before the reload, then a new one.
+    std::io::Write::write_all(
+        &mut old,
+        b"GET /hello.txt?old2 HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    )
+    .unwrap();
+    read_hello(&mut old);
+    assert!(s.curl(&[&s.url("/hello.txt?new")]).status.success());
+    wait_file_line(&json, "?old2");
+    let text = wait_file_line(&json, "?new");
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\n{text}"));
+        assert_eq!(v["status"], 200, "{line}");
+    }
 }

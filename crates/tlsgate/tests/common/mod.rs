@@ -704,3 +704,20 @@ pub fn traced_calls(fx: &Fixture, filters: &[&str], pid: u32, work: impl FnOnce(
         .map(str::to_owned)
         .collect()
 }
+
+/// Polls `path` until a line holds `needle`; the whole file.
+pub fn wait_file_line(path: &Path, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().any(|l| l.contains(needle)) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in {}:\n{text}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
