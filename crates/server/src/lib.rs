@@ -416,6 +416,13 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
             tracing::info!("reloaded configuration from {origin}");
         }
         Err(e) => {
+            // SIGHUP is also how a rotated log is reopened: that happens
+            // whether or not the new configuration was taken.
+            let running = shared.current.load();
+            shared.access_log.reopen(
+                running.config.access_log.target.clone(),
+                running.config.access_log.format,
+            );
             shared
                 .metrics
                 .reloads

@@ -153,6 +153,26 @@ fn read_hello(c: &mut TlsStream) {
 }
 
 #[test]
+fn a_refused_reload_still_reopens_a_rotated_log() {
+    let fx = Fixture::new();
+    let log = fx.path().join("access.log");
+    let s = Server::start(
+        &fx,
+        &fx.config(&format!("[access_log]\ntarget = {log:?}\n"), ""),
+    );
+    assert!(s.curl(&[&s.url("/hello.txt?before")]).status.success());
+    wait_file_line(&log, "?before");
+    // Rotation: the file is renamed away, then SIGHUP, with a config that
+    // the reload refuses.
+    std::fs::rename(&log, fx.path().join("access.log.1")).unwrap();
+    std::fs::write(fx.path().join("tlsgate.toml"), "this is [not toml").unwrap();
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    assert!(s.curl(&[&s.url("/hello.txt?after")]).status.success());
+    wait_file_line(&log, "?after");
+}
+
+#[test]
 fn a_full_disk_is_counted_and_warned_about_once() {
     let fx = Fixture::new();
     let s = Server::start(
