@@ -5,13 +5,15 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use tlsgate_config::{LogFormat, LogTarget};
+use tlsgate_config::{Config, ConfigError, LogFormat, LogTarget};
 use tlsgate_metrics::types::Counter;
+use tlsgate_sys::privileges::Ids;
 use tlsgate_tls::ClientIdentity;
 
 /// Lines waiting for the writer before new ones are dropped.
@@ -311,6 +313,65 @@ fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
             }
         }
     }
+}
+
+/// Whether the access log's file can be opened for appending by the
+/// process as it will run: by `as_user` (`server.user`, judged by the
+/// permission bits: the process cannot become that user to try), else by
+/// trying. Checked before any socket opens and before a reload is taken.
+pub(crate) fn check_target(config: &Config, as_user: Option<Ids>) -> Result<(), ConfigError> {
+    let LogTarget::File(p) = &config.access_log.target else {
+        return Ok(());
+    };
+    let fail = |problem: String| {
+        ConfigError::new(
+            &config.origin,
+            "access_log.target",
+            format!("cannot open {} for appending: {problem}", p.display()),
+        )
+    };
+    if let Some(ids) = as_user {
+        use std::os::unix::fs::MetadataExt;
+        let (what, meta) = match std::fs::metadata(p) {
+            Ok(m) => ("the file", m),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let dir = match p.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d,
+                    _ => Path::new("."),
+                };
+                let m = std::fs::metadata(dir)
+                    .map_err(|e| fail(format!("directory {}: {e}", dir.display())))?;
+                if !m.is_dir() {
+                    return Err(fail(format!("{} is not a directory", dir.display())));
+                }
+                ("its directory", m)
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        let mode = meta.mode();
+        let writable = ids.uid == 0
+            || (meta.uid() == ids.uid && mode & 0o200 != 0)
+            || (meta.uid() != ids.uid && meta.gid() == ids.gid && mode & 0o020 != 0)
+            || (meta.uid() != ids.uid && meta.gid() != ids.gid && mode & 0o002 != 0);
+        if !writable {
+            return Err(fail(format!(
+                "{what} is not writable by server.user (uid {} gid {})",
+                ids.uid, ids.gid
+            )));
+        }
+        return Ok(());
+    }
+    let existed = std::fs::symlink_metadata(p).is_ok();
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .map_err(|e| fail(e.to_string()))?;
+    if !existed {
+        // Only a check: the writer creates it when it starts.
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
 }
 
 /// Appends `bytes` for a quoted log field: printable ASCII as is, `"` and

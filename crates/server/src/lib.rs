@@ -137,7 +137,8 @@ impl Launch {
 /// certificates and keys, the document roots.
 pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let config = launch.load()?;
-    privileges::resolve(&config)?;
+    let ids = privileges::resolve(&config)?;
+    access_log::check_target(&config, ids)?;
     let keys = Keys::start(&config, launch)?;
     let certs = keys.certificates(&config, &[])?;
     let metrics = Metrics::new();
@@ -183,6 +184,9 @@ fn probe_ktls(metrics: &Metrics) -> tlsgate_sys::ktls::Support {
 pub fn run(launch: Launch) -> Result<(), StartError> {
     let config = launch.load()?;
     let ids = privileges::resolve(&config)?;
+    // Before any socket: a log that cannot be opened stops the start here,
+    // naming its key, not after the listeners are up.
+    access_log::check_target(&config, ids)?;
     // The key process is started while we still have privileges, so that
     // it keeps them (and can be restarted) after we drop ours.
     let keys = Keys::start(&config, &launch)?;
@@ -353,6 +357,8 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         .load()
         .map_err(StartError::from)
         .and_then(|c| {
+            // As the user we now run as: the writer opens it after this.
+            access_log::check_target(&c, None)?;
             let running = shared.current.load();
             let certs = keys.certificates(&c, &running.key_ids)?;
             generation::build(c, certs, tickets, &shared.metrics.proxy, Some(&running))

@@ -416,3 +416,72 @@ fn idle_admin_connections_do_not_keep_probes_waiting() {
     let mut buf = [0u8; 16];
     assert_eq!(first.read(&mut buf).unwrap_or(0), 0);
 }
+
+#[test]
+fn an_access_log_that_cannot_be_opened_stops_check_config_and_start() {
+    let fx = Fixture::new();
+    let missing_dir = fx.path().join("no-such-dir/access.log");
+    let a_directory = fx.path().to_path_buf();
+    for target in [&missing_dir, &a_directory] {
+        let p = fx.write_config(&fx.config(&format!("[access_log]\ntarget = {target:?}\n"), ""));
+        for command in ["check-config", "serve"] {
+            let args: Vec<&str> = match command {
+                "serve" => vec!["serve", "--config", p.to_str().unwrap()],
+                _ => vec!["check-config", p.to_str().unwrap()],
+            };
+            let (code, _, err) = run(&args);
+            assert_eq!(code, 2, "{command} {target:?}: {err}");
+            assert!(
+                err.contains("tlsgate.toml") && err.contains("access_log.target"),
+                "{command} {target:?}: {err}"
+            );
+            assert!(!err.contains("listening on"), "{command}: {err}");
+        }
+    }
+    // A file that does not exist yet is fine, and the check leaves none.
+    let fresh = fx.path().join("fresh.log");
+    let p = fx.write_config(&fx.config(&format!("[access_log]\ntarget = {fresh:?}\n"), ""));
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!fresh.exists());
+    // With server.user, as that user: the test's directory (mode 0700)
+    // is not writable by nobody.
+    let p = fx.write_config(&fx.config(
+        &format!("[server]\nuser = \"nobody\"\n[access_log]\ntarget = {fresh:?}\n"),
+        "",
+    ));
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("access_log.target") && err.contains("server.user"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reload_to_an_access_log_that_cannot_be_opened_is_refused_whole() {
+    let fx = Fixture::new();
+    let fresh = fx.path().join("fresh.log");
+    let missing_dir = fx.path().join("no-such-dir/access.log");
+    let s = Server::start(
+        &fx,
+        &fx.config(&format!("[access_log]\ntarget = {fresh:?}\n"), ""),
+    );
+    fx.write_config(&fx.config(
+        &format!("[access_log]\ntarget = {missing_dir:?}\nformat = \"json\"\n"),
+        "",
+    ));
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    assert!(s.log().contains("access_log.target"), "{}", s.log());
+    assert_eq!(s.metric(r#"tlsgate_reloads_total{result="ok"}"#), 0.0);
+    assert_eq!(s.metric(r#"tlsgate_reloads_total{result="error"}"#), 1.0);
+    // Still the old log, in the old format.
+    assert!(s.curl(&[&s.url("/hello.txt?kept")]).status.success());
+    let text = wait_file_line(&fresh, "?kept");
+    let line = text.lines().find(|l| l.contains("?kept")).unwrap();
+    assert!(
+        line.contains("\"GET /hello.txt?kept HTTP/1.1\" 200"),
+        "{line}"
+    );
+}
