@@ -181,6 +181,20 @@ impl Checker<'_> {
         ConfigError::new(self.origin, key, problem)
     }
 
+    /// A header field value (RFC 9110 §5.5): no control bytes but HTAB. A
+    /// CR or LF would end the header and begin one of the writer's choosing.
+    pub(crate) fn header_value(&self, key: &str, value: &str) -> Result<String, ConfigError> {
+        match value.bytes().find(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+            Some(b) => Err(self.err(
+                key,
+                format!(
+                    "byte 0x{b:02X} is not allowed in a header value; expected visible characters, spaces and tabs (RFC 9110 §5.5)"
+                ),
+            )),
+            None => Ok(value.to_string()),
+        }
+    }
+
     /// A timeout or interval: more than zero, at most [`LONGEST_WAIT`].
     pub(crate) fn positive(&self, key: &str, d: Duration) -> Result<Duration, ConfigError> {
         if d.is_zero() {
@@ -236,6 +250,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         n => c.within("server.workers", n, 1, 1024)?,
     };
     let backlog = c.within("server.backlog", f.server.backlog, 1, 65535)?;
+    let server_header = c.header_value("server.server_header", &f.server.server_header)?;
     let defer_accept = f.server.defer_accept;
     if defer_accept > MAX_DEFER_ACCEPT || defer_accept.subsec_nanos() != 0 {
         return Err(c.err(
@@ -347,7 +362,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
     Ok(Config {
         origin: origin.to_string(),
         workers,
-        server_header: Some(f.server.server_header.clone()).filter(|s| !s.is_empty()),
+        server_header: Some(server_header).filter(|s| !s.is_empty()),
         shutdown_timeout: c.positive("server.shutdown_timeout", f.server.shutdown_timeout)?,
         backlog,
         defer_accept,
@@ -933,6 +948,8 @@ names = ["example.com", "*.example.com"]
             ("[tls]\nunknown_sni = \"maybe\"\n", "tls.unknown_sni", "reject"),
             ("[tls]\ncipher_suites = [\"RC4\"]\n", "tls.cipher_suites", "unknown name"),
             ("[admin]\nlisten = \"nowhere\"\n", "admin.listen", "socket address"),
+            ("[server]\nserver_header = \"x\\r\\nSet-Cookie: a=b\"\n", "server.server_header", "byte 0x0D"),
+            ("[server]\nserver_header = \"x\\u0000\"\n", "server.server_header", "byte 0x00"),
             ("[server]\ngroup = \"nogroup\"\n", "server.group", "server.user"),
             ("[server]\nkey_timeout = \"0s\"\n", "server.key_timeout", "greater than zero"),
             ("[server]\ndefer_accept = \"1500ms\"\n", "server.defer_accept", "whole seconds"),

@@ -5,10 +5,15 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::IpAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
 
-use tlsgate_config::{LogFormat, LogTarget};
+use tlsgate_config::{Config, ConfigError, LogFormat, LogTarget};
+use tlsgate_metrics::types::Counter;
+use tlsgate_sys::privileges::Ids;
 use tlsgate_tls::ClientIdentity;
 
 /// Lines waiting for the writer before new ones are dropped.
@@ -52,46 +57,128 @@ pub struct Record<'a> {
 
 enum Msg {
     Line(String),
-    Reopen(LogTarget),
-    Flush(SyncSender<()>),
+    /// Look at the shared state (a reopen waiting): sent when the queue
+    /// has room; when it has none the writer looks after its next line.
+    Wake,
+}
+
+/// What the workers, the main thread and the writer share besides the
+/// queue. Nothing here is ever waited for without a limit.
+struct State {
+    /// A target to switch to (reload, rotation); the newest wins.
+    reopen: Mutex<Option<LogTarget>>,
+    /// Lines accepted into the queue.
+    queued: AtomicU64,
+    /// Lines the writer has finished with (written and flushed, or lost).
+    done: Mutex<u64>,
+    done_changed: Condvar,
+    /// `tlsgate_access_log_dropped_total`.
+    dropped: Counter,
+    /// The format of new lines ([`FORMAT_OFF`] for no log): the process's,
+    /// like the sink, so that a reload switches both at once and lines of
+    /// connections from before it do not mix formats in one file.
+    format: AtomicU8,
+}
+
+const FORMAT_OFF: u8 = 0;
+const FORMAT_COMBINED: u8 = 1;
+const FORMAT_JSON: u8 = 2;
+
+fn format_code(target: &LogTarget, format: LogFormat) -> u8 {
+    match (target, format) {
+        (LogTarget::Off, _) => FORMAT_OFF,
+        (_, LogFormat::Combined) => FORMAT_COMBINED,
+        (_, LogFormat::Json) => FORMAT_JSON,
+    }
 }
 
 /// The sending side; cheap to clone into every worker.
 #[derive(Clone)]
 pub struct AccessLog {
     tx: SyncSender<Msg>,
+    state: Arc<State>,
+}
+
+/// A lock that a panicked holder cannot make unusable: the data (a
+/// target, a count) is valid whatever the holder did.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl AccessLog {
-    /// Starts the writer thread on `target`.
-    pub fn start(target: &LogTarget) -> io::Result<AccessLog> {
+    /// Starts the writer thread on `target`, lines in `format`; lines it
+    /// loses are counted in `dropped`.
+    pub fn start(target: &LogTarget, format: LogFormat, dropped: Counter) -> io::Result<AccessLog> {
         let sink = open(target)?;
         let (tx, rx) = sync_channel(QUEUE);
+        let state = Arc::new(State {
+            reopen: Mutex::new(None),
+            queued: AtomicU64::new(0),
+            done: Mutex::new(0),
+            done_changed: Condvar::new(),
+            dropped,
+            format: AtomicU8::new(format_code(target, format)),
+        });
+        let shared = state.clone();
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(rx, sink))?;
-        Ok(AccessLog { tx })
+            .spawn(move || writer(rx, sink, &shared))?;
+        Ok(AccessLog { tx, state })
     }
 
     /// Queues a line; false when the queue is full (the caller counts it).
     pub fn log(&self, line: String) -> bool {
-        !matches!(
-            self.tx.try_send(Msg::Line(line)),
-            Err(TrySendError::Full(_))
-        )
-    }
-
-    /// Switches to a new target (on reload; also reopens a rotated file).
-    pub fn reopen(&self, target: LogTarget) {
-        let _ = self.tx.send(Msg::Reopen(target));
-    }
-
-    /// Waits until everything queued so far is written.
-    pub fn flush(&self) {
-        let (tx, rx) = sync_channel(1);
-        if self.tx.send(Msg::Flush(tx)).is_ok() {
-            let _ = rx.recv_timeout(Duration::from_secs(5));
+        match self.tx.try_send(Msg::Line(line)) {
+            Ok(()) => {
+                self.state.queued.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(TrySendError::Full(_)) => false,
+            Err(TrySendError::Disconnected(_)) => true,
         }
+    }
+
+    /// The format of new lines; `None` when the log is off.
+    pub fn format(&self) -> Option<LogFormat> {
+        match self.state.format.load(Ordering::Relaxed) {
+            FORMAT_COMBINED => Some(LogFormat::Combined),
+            FORMAT_JSON => Some(LogFormat::Json),
+            _ => None,
+        }
+    }
+
+    /// Switches to a new target and format (on reload; also reopens a
+    /// rotated file). Never waits: a writer stuck on its output (a pipe
+    /// nobody reads) must not hold up the reload that calls this.
+    pub fn reopen(&self, target: LogTarget, format: LogFormat) {
+        self.state
+            .format
+            .store(format_code(&target, format), Ordering::Relaxed);
+        *lock(&self.state.reopen) = Some(target);
+        let _ = self.tx.try_send(Msg::Wake);
+    }
+
+    /// Waits at most `limit` until every line queued so far is written;
+    /// the lines still unwritten then are counted as dropped and returned.
+    pub fn flush(&self, limit: Duration) -> u64 {
+        let target = self.state.queued.load(Ordering::Relaxed);
+        let deadline = Instant::now() + limit;
+        let mut done = lock(&self.state.done);
+        while *done < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            done = self
+                .state
+                .done_changed
+                .wait_timeout(done, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        let lost = target.saturating_sub(*done);
+        self.state.dropped.inc_by(lost);
+        lost
     }
 }
 
@@ -120,7 +207,75 @@ fn open(target: &LogTarget) -> io::Result<Sink> {
     })
 }
 
-fn writer(rx: Receiver<Msg>, mut sink: Sink) {
+/// At most one warning about lost lines per this long: a full disk must
+/// not turn every request into a line of the server's own log.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The sink with what is needed to count what it loses.
+struct Output<'a> {
+    sink: Sink,
+    /// Lines written into the sink's buffer since its last flush.
+    unflushed: u64,
+    /// Lines lost since the last warning, and when that was.
+    lost: u64,
+    warned: Option<Instant>,
+    dropped: &'a Counter,
+}
+
+impl Output<'_> {
+    fn write(&mut self, line: &str) {
+        let r = match &mut self.sink {
+            Sink::Off => Ok(()),
+            Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
+            Sink::File(f) => f.write_all(line.as_bytes()),
+        };
+        match r {
+            Ok(()) => self.unflushed += 1,
+            Err(e) => self.lose(1, &e),
+        }
+    }
+
+    fn flush(&mut self) {
+        let r = match &mut self.sink {
+            Sink::Off => Ok(()),
+            Sink::Stdout(s) => s.lock().flush(),
+            Sink::File(f) => f.flush(),
+        };
+        let unflushed = std::mem::take(&mut self.unflushed);
+        if let Err(e) = r {
+            // The buffer's lines will not be written: let them go (a
+            // full buffer would otherwise take no line at all) and count them.
+            if let Sink::File(f) = std::mem::replace(&mut self.sink, Sink::Off) {
+                self.sink = Sink::File(BufWriter::new(f.into_parts().0));
+            }
+            self.lose(unflushed, &e);
+        }
+    }
+
+    fn lose(&mut self, lines: u64, e: &io::Error) {
+        self.dropped.inc_by(lines);
+        self.lost += lines;
+        if self.warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            tracing::warn!(
+                "access log write failed: {e}; {} lines lost since the last such warning (at most one per {WARN_EVERY:?})",
+                self.lost
+            );
+            self.lost = 0;
+            self.warned = Some(Instant::now());
+        }
+    }
+}
+
+fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
+    let mut out = Output {
+        sink,
+        unflushed: 0,
+        lost: 0,
+        warned: None,
+        dropped: &state.dropped,
+    };
+    // Lines taken off the queue, written or lost.
+    let mut taken = 0u64;
     let mut pending = 0usize;
     loop {
         // Block for the first message, then drain without blocking and
@@ -134,46 +289,89 @@ fn writer(rx: Receiver<Msg>, mut sink: Sink) {
             match rx.try_recv() {
                 Ok(m) => m,
                 Err(_) => {
-                    flush(&mut sink);
+                    out.flush();
                     pending = 0;
+                    *lock(&state.done) = taken;
+                    state.done_changed.notify_all();
                     continue;
                 }
             }
         };
-        match msg {
-            Msg::Line(line) => {
-                let r = match &mut sink {
-                    Sink::Off => Ok(()),
-                    Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
-                    Sink::File(f) => f.write_all(line.as_bytes()),
-                };
-                if let Err(e) = r {
-                    tracing::warn!("access log write failed: {e}");
-                }
-                pending += 1;
-            }
-            Msg::Reopen(target) => {
-                flush(&mut sink);
-                match open(&target) {
-                    Ok(s) => sink = s,
-                    Err(e) => tracing::error!("{e}; keeping the previous access log"),
-                }
-            }
-            Msg::Flush(done) => {
-                flush(&mut sink);
-                pending = 0;
-                let _ = done.send(());
+        if let Msg::Line(line) = msg {
+            out.write(&line);
+            taken += 1;
+        }
+        // Counted as pending even for a wake-up, so the done count is
+        // published once the queue is empty.
+        pending += 1;
+        let reopen = lock(&state.reopen).take();
+        if let Some(target) = reopen {
+            out.flush();
+            match open(&target) {
+                Ok(s) => out.sink = s,
+                Err(e) => tracing::error!("{e}; keeping the previous access log"),
             }
         }
     }
 }
 
-fn flush(sink: &mut Sink) {
-    let _ = match sink {
-        Sink::Off => Ok(()),
-        Sink::Stdout(s) => s.lock().flush(),
-        Sink::File(f) => f.flush(),
+/// Whether the access log's file can be opened for appending by the
+/// process as it will run: by `as_user` (`server.user`, judged by the
+/// permission bits: the process cannot become that user to try), else by
+/// trying. Checked before any socket opens and before a reload is taken.
+pub(crate) fn check_target(config: &Config, as_user: Option<Ids>) -> Result<(), ConfigError> {
+    let LogTarget::File(p) = &config.access_log.target else {
+        return Ok(());
     };
+    let fail = |problem: String| {
+        ConfigError::new(
+            &config.origin,
+            "access_log.target",
+            format!("cannot open {} for appending: {problem}", p.display()),
+        )
+    };
+    if let Some(ids) = as_user {
+        use std::os::unix::fs::MetadataExt;
+        let (what, meta) = match std::fs::metadata(p) {
+            Ok(m) => ("the file", m),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let dir = match p.parent() {
+                    Some(d) if !d.as_os_str().is_empty() => d,
+                    _ => Path::new("."),
+                };
+                let m = std::fs::metadata(dir)
+                    .map_err(|e| fail(format!("directory {}: {e}", dir.display())))?;
+                if !m.is_dir() {
+                    return Err(fail(format!("{} is not a directory", dir.display())));
+                }
+                ("its directory", m)
+            }
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        let mode = meta.mode();
+        let writable = ids.uid == 0
+            || (meta.uid() == ids.uid && mode & 0o200 != 0)
+            || (meta.uid() != ids.uid && meta.gid() == ids.gid && mode & 0o020 != 0)
+            || (meta.uid() != ids.uid && meta.gid() != ids.gid && mode & 0o002 != 0);
+        if !writable {
+            return Err(fail(format!(
+                "{what} is not writable by server.user (uid {} gid {})",
+                ids.uid, ids.gid
+            )));
+        }
+        return Ok(());
+    }
+    let existed = std::fs::symlink_metadata(p).is_ok();
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .map_err(|e| fail(e.to_string()))?;
+    if !existed {
+        // Only a check: the writer creates it when it starts.
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
 }
 
 /// Appends `bytes` for a quoted log field: printable ASCII as is, `"` and
@@ -394,10 +592,15 @@ mod tests {
     fn file_target_gets_lines() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("access.log");
-        let log = AccessLog::start(&LogTarget::File(p.clone())).unwrap();
+        let log = AccessLog::start(
+            &LogTarget::File(p.clone()),
+            LogFormat::Combined,
+            Counter::default(),
+        )
+        .unwrap();
         assert!(log.log("one\n".into()));
         assert!(log.log("two\n".into()));
-        log.flush();
+        assert_eq!(log.flush(Duration::from_secs(5)), 0);
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "one\ntwo\n");
     }
 }

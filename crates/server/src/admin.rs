@@ -14,16 +14,24 @@ use tokio::sync::Semaphore;
 
 use crate::Shared;
 
-/// Admin connections served at once; more wait in the backlog.
+/// Admin connections open at once, idle ones included; more wait in the
+/// backlog. Each holds a small buffer for at most [`HEAD_TIMEOUT`] before
+/// its request is read.
+const MAX_CONNECTIONS: usize = 256;
+/// Requests answered at once (rendering the metrics is the work).
 const MAX_CONCURRENT: usize = 32;
-/// Whole-request deadline for an admin client.
+/// How long a client has to send its request head: a probe sends it at
+/// once, and sockets that send nothing must not keep probes waiting.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(1);
+/// Deadline for an answer, from the end of its request head.
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Serves the admin listener until the task is dropped.
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
-    let slots = Arc::new(Semaphore::new(MAX_CONCURRENT));
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let answering = Arc::new(Semaphore::new(MAX_CONCURRENT));
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
+        let Ok(permit) = connections.clone().acquire_owned().await else {
             return;
         };
         let Ok((sock, _)) = listener.accept().await else {
@@ -31,30 +39,68 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
             continue;
         };
         let shared = shared.clone();
+        let answering = answering.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(DEADLINE, handle(&shared, sock)).await;
+            let _ = handle(&shared, sock, &answering).await;
             drop(permit);
         });
     }
 }
 
-async fn handle(shared: &Shared, mut sock: TcpStream) -> std::io::Result<()> {
+async fn handle(
+    shared: &Shared,
+    mut sock: TcpStream,
+    answering: &Semaphore,
+) -> std::io::Result<()> {
+    let Ok(head) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut sock)).await else {
+        return Ok(());
+    };
+    let head = match head? {
+        Head::Request(h) => Some(h),
+        Head::Malformed => None,
+        Head::Gone => return Ok(()),
+    };
+    // A slot per request being answered, not per connection.
+    let Ok(Ok(_slot)) = tokio::time::timeout(DEADLINE, answering.acquire()).await else {
+        return Ok(());
+    };
+    let _ = tokio::time::timeout(DEADLINE, answer(shared, &mut sock, head.as_ref())).await;
+    Ok(())
+}
+
+/// What a client sent before its request head ended.
+enum Head {
+    Request(tlsgate_http1::RequestHead),
+    /// Not HTTP/1.x: answered 400.
+    Malformed,
+    /// The client left first.
+    Gone,
+}
+
+async fn read_head(sock: &mut TcpStream) -> std::io::Result<Head> {
     let mut buf = Vec::with_capacity(1024);
     let limits = Limits::default();
-    let head = loop {
+    loop {
         match parse_request(&buf, &limits) {
-            Ok(Some(h)) => break Some(h),
+            Ok(Some(h)) => return Ok(Head::Request(h)),
             Ok(None) => {}
-            Err(_) => break None,
+            Err(_) => return Ok(Head::Malformed),
         }
         let mut chunk = [0u8; 2048];
         let n = sock.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(Head::Gone);
         }
         buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
-    };
-    let (status, content_type, body): (u16, &str, String) = match &head {
+    }
+}
+
+async fn answer(
+    shared: &Shared,
+    sock: &mut TcpStream,
+    head: Option<&tlsgate_http1::RequestHead>,
+) -> std::io::Result<()> {
+    let (status, content_type, body): (u16, &str, String) = match head {
         None => (400, "text/plain", "bad request\n".into()),
         Some(h) if !matches!(h.method(), Method::Get | Method::Head) => {
             (405, "text/plain", "only GET and HEAD\n".into())

@@ -499,11 +499,13 @@ async fn serve_stream(
     };
     let status = reply.status();
     let body_len = if is_head { 0 } else { reply.body_len() };
+    // What left before a stream broke off, for the access log.
+    let mut body_sent = 0;
     let sent = match respond.send_response(reply_head(&reply, cx), body_len == 0) {
         Ok(mut send) if body_len > 0 => match &reply {
             Reply::File {
                 file, start, len, ..
-            } => send_file(&mut send, file, *start, *len, cx).await,
+            } => send_file(&mut send, file, *start, *len, cx, &mut body_sent).await,
             _ => {
                 let mut text = Vec::with_capacity(32);
                 reply.write_text_body(&mut text);
@@ -520,7 +522,7 @@ async fn serve_stream(
             m.bytes_sent.inc_by(n);
             n
         }
-        Err(Broken::Gone) => 0,
+        Err(Broken::Gone) => body_sent,
         Err(Broken::Timeout) => {
             m.timeouts
                 .get_or_create(&ReasonLabel {
@@ -528,9 +530,9 @@ async fn serve_stream(
                 })
                 .inc();
             m.count_h2_rejected("stream_send_timeout");
-            0
+            body_sent
         }
-        Err(Broken::Read) => 0,
+        Err(Broken::Read) => body_sent,
     };
     respond::log_request(cx, PROTOCOL, false, &logged, status, body_bytes, t0, wall);
 }
@@ -630,13 +632,15 @@ fn body_piece(file: &StaticFile, pool: &mut BytesMut, n: usize, at: u64) -> std:
 /// worth of progress (or the rest of the body): a client that opens its
 /// windows a few bytes at a time, each just before the timeout, would
 /// otherwise hold the stream and its buffer for as long as it likes.
-/// Returns the bytes sent.
+/// Returns the bytes sent; `sent` counts them also when the stream
+/// breaks off.
 async fn send_file(
     send: &mut SendStream<Bytes>,
     file: &StaticFile,
     start: u64,
     len: u64,
     cx: &HttpCtx<'_>,
+    sent: &mut u64,
 ) -> Result<u64, Broken> {
     let mut progress = SendProgress::new(cx.gen.config.limits.send_timeout);
     // Reads of whole records' worth of frames.
@@ -677,6 +681,7 @@ async fn send_file(
         }
         send.send_data(data, done == len)
             .map_err(|_| Broken::Gone)?;
+        *sent = done;
     }
     Ok(done)
 }

@@ -310,7 +310,21 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
                 buffers::release_read(&mut inbuf);
                 match respond(io, cx, root, &head, &mut out, keep_alive).await {
                     Ok(a) => a,
-                    Err(e) => return e,
+                    Err((e, broken)) => {
+                        // Broken off: still one line, with the body bytes
+                        // that left (as nginx logs it).
+                        log_request(
+                            cx,
+                            io.offloaded(),
+                            Some(&head),
+                            broken.status,
+                            broken.body_bytes,
+                            t0,
+                            wall,
+                            note.as_ref(),
+                        );
+                        return e;
+                    }
                 }
             }
         };
@@ -454,7 +468,8 @@ pub(crate) fn simple(
     len
 }
 
-/// Answers one request from the document root.
+/// Answers one request from the document root. `Err`: the connection
+/// ends, with what the response got to send.
 async fn respond<T: Transport + Send>(
     io: &mut T,
     cx: &HttpCtx<'_>,
@@ -462,7 +477,7 @@ async fn respond<T: Transport + Send>(
     head: &RequestHead,
     out: &mut Vec<u8>,
     keep_alive: bool,
-) -> Result<Answered, End> {
+) -> Result<Answered, (End, Answered)> {
     let is_head = head.method() == &Method::Head;
     let http10 = head.version() == Version::Http10;
     // Repeated lines are one list (`If-None-Match: "a"` then `"b"`).
@@ -497,8 +512,17 @@ async fn respond<T: Transport + Send>(
     if !is_head && len > 0 && io.wants_offload(len) {
         // Responses queued before this one leave under user-space TLS;
         // this one and every later one through the kernel.
-        send(io, out, cx).await?;
-        io.offload().await.map_err(|_| End::Done)?;
+        let none_sent = |end| {
+            (
+                end,
+                Answered {
+                    status,
+                    body_bytes: 0,
+                },
+            )
+        };
+        send(io, out, cx).await.map_err(none_sent)?;
+        io.offload().await.map_err(|_| none_sent(End::Done))?;
     }
     write_head(out, cx, &reply, keep_alive, http10);
     if is_head || len == 0 {
@@ -523,7 +547,13 @@ async fn respond<T: Transport + Send>(
         if let Err(e) = filled {
             // The head promised a length we cannot deliver: drop the connection.
             tracing::warn!(peer = %cx.peer(), "read failed mid-response: {e}");
-            return Err(End::Abort);
+            return Err((
+                End::Abort,
+                Answered {
+                    status,
+                    body_bytes: 0,
+                },
+            ));
         }
         let path = if io.offloaded() {
             "ktls_write"
@@ -535,19 +565,33 @@ async fn respond<T: Transport + Send>(
         // The head (after any queued responses) leaves with the body's
         // first bytes, never as a small record of its own.
         let limit = cx.gen.config.limits.send_timeout;
-        let r = io.send_file(out, &file.file, start, len, limit).await;
+        let mut sent = 0;
+        let r = io
+            .send_file(out, &file.file, start, len, limit, &mut sent)
+            .await;
         cx.shared.metrics.bytes_sent.inc_by(out.len() as u64);
         out.clear();
+        let broken = |end| {
+            (
+                end,
+                Answered {
+                    status,
+                    body_bytes: sent,
+                },
+            )
+        };
         match r {
             Ok(()) => {
                 cx.shared.metrics.bytes_sent.inc_by(len);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return Err(End::Timeout("send")),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                return Err(broken(End::Timeout("send")))
+            }
             Err(e) => {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     tracing::warn!(peer = %cx.peer(), "{e}: connection dropped mid-response");
                 }
-                return Err(End::Abort);
+                return Err(broken(End::Abort));
             }
         }
     }

@@ -86,6 +86,9 @@ pub enum StartError {
     },
 }
 
+/// How long the end of shutdown waits for the access log to be written.
+const FINAL_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// State shared by the main thread and every worker.
 pub struct Shared {
     /// The running generation; replaced whole on reload.
@@ -134,7 +137,8 @@ impl Launch {
 /// certificates and keys, the document roots.
 pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let config = launch.load()?;
-    privileges::resolve(&config)?;
+    let ids = privileges::resolve(&config)?;
+    access_log::check_target(&config, ids)?;
     let keys = Keys::start(&config, launch)?;
     let certs = keys.certificates(&config, &[])?;
     let metrics = Metrics::new();
@@ -180,6 +184,9 @@ fn probe_ktls(metrics: &Metrics) -> tlsgate_sys::ktls::Support {
 pub fn run(launch: Launch) -> Result<(), StartError> {
     let config = launch.load()?;
     let ids = privileges::resolve(&config)?;
+    // Before any socket: a log that cannot be opened stops the start here,
+    // naming its key, not after the listeners are up.
+    access_log::check_target(&config, ids)?;
     // The key process is started while we still have privileges, so that
     // it keeps them (and can be restarted) after we drop ours.
     let keys = Keys::start(&config, &launch)?;
@@ -254,7 +261,11 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     privileges::drop(ids)?;
     // A thread of their own: started once privileges are gone.
     gen.pools.start_background_tasks()?;
-    let access_log = AccessLog::start(&gen.config.access_log.target)?;
+    let access_log = AccessLog::start(
+        &gen.config.access_log.target,
+        gen.config.access_log.format,
+        metrics.access_log_dropped.clone(),
+    )?;
 
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
@@ -310,18 +321,33 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
                 Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
             }
         }
+        // Shutdown runs on this runtime too: the admin listener lives here,
+        // and /healthz must answer 503 while requests in flight finish.
+        let grace = shared.current.load().config.shutdown_timeout;
+        tracing::info!(
+            "shutting down: no new connections, finishing requests in flight (up to {grace:?})"
+        );
+        shared.shutdown.send_replace(true);
+        let finishing = shared.clone();
+        let finished = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+            finishing.access_log.flush(FINAL_FLUSH)
+        });
+        // The workers end by their grace period; a flush by its own limit.
+        match tokio::time::timeout(grace + FINAL_FLUSH + FINAL_FLUSH, finished).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(lost)) => tracing::warn!(
+                "{lost} access log lines not written: the log's output did not take them within {FINAL_FLUSH:?}"
+            ),
+            Ok(Err(e)) => tracing::error!("shutdown: {e}"),
+            Err(_) => tracing::warn!("workers still running at the shutdown deadline; exiting anyway"),
+        }
         Ok::<(), std::io::Error>(())
     })?;
-
-    let grace = shared.current.load().config.shutdown_timeout;
-    tracing::info!(
-        "shutting down: no new connections, finishing requests in flight (up to {grace:?})"
-    );
-    shared.shutdown.send_replace(true);
-    for t in threads {
-        let _ = t.join();
-    }
-    shared.access_log.flush();
+    // Not waiting for a join or flush that the deadline above gave up on.
+    rt.shutdown_background();
     drop(gate);
     tracing::info!("stopped");
     Ok(())
@@ -334,6 +360,8 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         .load()
         .map_err(StartError::from)
         .and_then(|c| {
+            // As the user we now run as: the writer opens it after this.
+            access_log::check_target(&c, None)?;
             let running = shared.current.load();
             let certs = keys.certificates(&c, &running.key_ids)?;
             generation::build(c, certs, tickets, &shared.metrics.proxy, Some(&running))
@@ -377,9 +405,10 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
         });
     match result {
         Ok(new) => {
-            shared
-                .access_log
-                .reopen(new.config.access_log.target.clone());
+            shared.access_log.reopen(
+                new.config.access_log.target.clone(),
+                new.config.access_log.format,
+            );
             let origin = new.config.origin.clone();
             if let Err(e) = new.pools.start_background_tasks() {
                 tracing::error!(
@@ -396,6 +425,13 @@ fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) 
             tracing::info!("reloaded configuration from {origin}");
         }
         Err(e) => {
+            // SIGHUP is also how a rotated log is reopened: that happens
+            // whether or not the new configuration was taken.
+            let running = shared.current.load();
+            shared.access_log.reopen(
+                running.config.access_log.target.clone(),
+                running.config.access_log.format,
+            );
             shared
                 .metrics
                 .reloads

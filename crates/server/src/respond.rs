@@ -304,10 +304,11 @@ pub(crate) fn log_request(
     m.count_status(protocol, status);
     let elapsed = t0.elapsed();
     m.request_seconds.observe(elapsed.as_secs_f64());
-    let config = &cx.gen.config;
-    if config.access_log.target == tlsgate_config::LogTarget::Off {
+    // The process's format, not the connection's generation's: it follows
+    // the sink, which a reload switches for every connection at once.
+    let Some(format) = cx.shared.access_log.format() else {
         return;
-    }
+    };
     let record = Record {
         remote: cx.peer().ip(),
         time: wall,
@@ -329,7 +330,7 @@ pub(crate) fn log_request(
     if !cx
         .shared
         .access_log
-        .log(access_log::format(config.access_log.format, &record))
+        .log(access_log::format(format, &record))
     {
         m.access_log_dropped.inc();
     }

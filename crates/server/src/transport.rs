@@ -59,7 +59,9 @@ pub trait Transport {
     /// then `len` bytes of `file` from `offset`, the head in the same write
     /// as the body's first bytes; each write bounded by `timeout`. The
     /// default reads through a buffer of its own; user-space TLS encrypts
-    /// from the worker's buffer, kernel TLS uses `sendfile`.
+    /// from the worker's buffer, kernel TLS uses `sendfile`. `sent` counts
+    /// the body bytes that left, also when the send breaks off (for the
+    /// access log).
     fn send_file(
         &mut self,
         head: &[u8],
@@ -67,11 +69,12 @@ pub trait Transport {
         offset: u64,
         len: u64,
         timeout: Duration,
+        sent: &mut u64,
     ) -> impl Future<Output = io::Result<()>> + Send
     where
         Self: Send,
     {
-        async move { send_file_through(self, head, file, offset, len, timeout).await }
+        async move { send_file_through(self, head, file, offset, len, timeout, sent).await }
     }
 
     /// Whether a response body of `len` bytes should first move the
@@ -100,6 +103,7 @@ async fn send_file_through<T: Transport + ?Sized>(
     offset: u64,
     len: u64,
     timeout: Duration,
+    sent: &mut u64,
 ) -> io::Result<()> {
     const CHUNK: usize = 64 * 1024;
     let mut scratch = Vec::with_capacity(CHUNK);
@@ -126,6 +130,7 @@ async fn send_file_through<T: Transport + ?Sized>(
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
         scratch.clear();
         done += n as u64;
+        *sent = done;
     }
     Ok(())
 }
@@ -157,6 +162,7 @@ async fn send_file_encrypting(
     offset: u64,
     len: u64,
     timeout: Duration,
+    sent: &mut u64,
 ) -> io::Result<()> {
     let mut done = 0u64;
     let mut turn = SLOW_CLIENT_TURN;
@@ -198,6 +204,8 @@ async fn send_file_encrypting(
         let waited = tokio::time::timeout(timeout, conn.flush_noting_wait())
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        // Counted once on the socket, not when encrypted.
+        *sent = done;
         turn = if waited {
             SLOW_CLIENT_TURN
         } else {
@@ -316,6 +324,7 @@ impl Transport for TlsClient<'_> {
         offset: u64,
         len: u64,
         timeout: Duration,
+        sent: &mut u64,
     ) -> impl Future<Output = io::Result<()>> + Send {
         // Only the fields go into the future: holding `&mut Self` there
         // trips rustc's higher-ranked `Send` check on the lifetime.
@@ -327,7 +336,7 @@ impl Transport for TlsClient<'_> {
             } else {
                 "userspace"
             };
-            let r = Transport::send_file(conn, head, file, offset, len, timeout).await;
+            let r = Transport::send_file(conn, head, file, offset, len, timeout, sent).await;
             if r.is_ok() {
                 metrics.count_body(path, len);
             }
@@ -360,11 +369,12 @@ impl Transport for TlsConnection {
         offset: u64,
         len: u64,
         timeout: Duration,
+        sent: &mut u64,
     ) -> io::Result<()> {
         if self.is_offloaded() {
-            self.sendfile(head, file, offset, len, timeout).await
+            self.sendfile(head, file, offset, len, timeout, sent).await
         } else {
-            send_file_encrypting(self, head, file, offset, len, timeout).await
+            send_file_encrypting(self, head, file, offset, len, timeout, sent).await
         }
     }
     async fn readable(&mut self) -> io::Result<()> {

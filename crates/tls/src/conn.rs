@@ -906,7 +906,8 @@ impl TlsConnection {
     /// Only under kernel TLS; every wait for the socket is bounded by
     /// `timeout` (`TimedOut`). A file that shrinks is `UnexpectedEof`:
     /// what was sent is the file's true prefix, and the caller must end the
-    /// connection.
+    /// connection. `sent` counts the file bytes the kernel took, also when
+    /// the send breaks off.
     pub async fn sendfile(
         &mut self,
         head: &[u8],
@@ -914,6 +915,7 @@ impl TlsConnection {
         offset: u64,
         len: u64,
         timeout: Duration,
+        sent: &mut u64,
     ) -> io::Result<()> {
         let Layer::Kernel(k) = &mut self.layer else {
             return Err(io::Error::new(
@@ -957,6 +959,7 @@ impl TlsConnection {
                     "file shrank while being sent",
                 ));
             }
+            *sent = at - offset;
         }
         Ok(())
     }

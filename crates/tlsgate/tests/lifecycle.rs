@@ -328,3 +328,160 @@ fn sigterm_finishes_requests_in_flight_then_exits_0() {
     assert_eq!(status.code(), Some(0), "{}", s.log());
     assert!(s.log().contains("stopped"));
 }
+
+#[test]
+fn check_config_refuses_a_server_header_that_would_split_responses() {
+    let fx = Fixture::new();
+    for value in [r"x\r\nSet-Cookie: session=evil", r"x\u0000y", r"x\u007F"] {
+        let p =
+            fx.write_config(&fx.config(&format!("[server]\nserver_header = \"{value}\"\n"), ""));
+        let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{value}: {err}");
+        assert!(
+            err.contains("tlsgate.toml") && err.contains("server.server_header"),
+            "{value}: {err}"
+        );
+    }
+    // A tab and non-ASCII bytes are field content (RFC 9110 §5.5).
+    let p = fx.write_config(&fx.config("[server]\nserver_header = \"a\\tb é\"\n", ""));
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+}
+
+/// `GET path` on the admin listener; the answer, or why none came within `limit`.
+fn admin_probe(admin: std::net::SocketAddr, path: &str, limit: Duration) -> Result<String, String> {
+    let mut s = TcpStream::connect(admin).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(limit)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out)
+        .map_err(|e| format!("no answer within {limit:?}: {e}"))?;
+    Ok(out)
+}
+
+#[test]
+fn healthz_answers_503_while_requests_in_flight_finish() {
+    let fx = Fixture::new();
+    std::fs::write(fx.root.join("huge.bin"), vec![7u8; 48 << 20]).unwrap();
+    let mut s = Server::start(
+        &fx,
+        &fx.config("[server]\nshutdown_timeout = \"30s\"\n", ""),
+    );
+    let admin = s.admin.unwrap();
+    let ok = admin_probe(admin, "/healthz", Duration::from_secs(1)).unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // A slow download keeps the shutdown waiting.
+    let resolve = format!("localhost:{}:127.0.0.1", s.addr.port());
+    let mut download = Command::new("curl")
+        .args(["-sS", "-k", "--limit-rate", "1M", "-o", "/dev/null"])
+        .args(["--resolve", &resolve, &s.url("/huge.bin")])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    s.signal("TERM");
+    s.wait_log("shutting down", Duration::from_secs(5));
+    let answer = admin_probe(admin, "/healthz", Duration::from_secs(1));
+    let in_flight = download.try_wait().unwrap().is_none();
+    let _ = download.kill();
+    let _ = download.wait();
+    let answer = answer.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(in_flight, "the download ended before the probe");
+    assert!(
+        s.running(),
+        "exited before the download ended:\n{}",
+        s.log()
+    );
+}
+
+#[test]
+fn idle_admin_connections_do_not_keep_probes_waiting() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let admin = s.admin.unwrap();
+    // More idle sockets than answers served at once (32).
+    let idle: Vec<TcpStream> = (0..64)
+        .map(|_| TcpStream::connect(admin).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    let answer = admin_probe(admin, "/healthz", Duration::from_secs(1)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(t.elapsed() < Duration::from_secs(1));
+    // The idle ones are let go soon (no request head within 1 s).
+    let mut first = &idle[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(first.read(&mut buf).unwrap_or(0), 0);
+}
+
+#[test]
+fn an_access_log_that_cannot_be_opened_stops_check_config_and_start() {
+    let fx = Fixture::new();
+    let missing_dir = fx.path().join("no-such-dir/access.log");
+    let a_directory = fx.path().to_path_buf();
+    for target in [&missing_dir, &a_directory] {
+        let p = fx.write_config(&fx.config(&format!("[access_log]\ntarget = {target:?}\n"), ""));
+        for command in ["check-config", "serve"] {
+            let args: Vec<&str> = match command {
+                "serve" => vec!["serve", "--config", p.to_str().unwrap()],
+                _ => vec!["check-config", p.to_str().unwrap()],
+            };
+            let (code, _, err) = run(&args);
+            assert_eq!(code, 2, "{command} {target:?}: {err}");
+            assert!(
+                err.contains("tlsgate.toml") && err.contains("access_log.target"),
+                "{command} {target:?}: {err}"
+            );
+            assert!(!err.contains("listening on"), "{command}: {err}");
+        }
+    }
+    // A file that does not exist yet is fine, and the check leaves none.
+    let fresh = fx.path().join("fresh.log");
+    let p = fx.write_config(&fx.config(&format!("[access_log]\ntarget = {fresh:?}\n"), ""));
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!fresh.exists());
+    // With server.user, as that user: the test's directory (mode 0700)
+    // is not writable by nobody.
+    let p = fx.write_config(&fx.config(
+        &format!("[server]\nuser = \"nobody\"\n[access_log]\ntarget = {fresh:?}\n"),
+        "",
+    ));
+    let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("access_log.target") && err.contains("server.user"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_reload_to_an_access_log_that_cannot_be_opened_is_refused_whole() {
+    let fx = Fixture::new();
+    let fresh = fx.path().join("fresh.log");
+    let missing_dir = fx.path().join("no-such-dir/access.log");
+    let s = Server::start(
+        &fx,
+        &fx.config(&format!("[access_log]\ntarget = {fresh:?}\n"), ""),
+    );
+    fx.write_config(&fx.config(
+        &format!("[access_log]\ntarget = {missing_dir:?}\nformat = \"json\"\n"),
+        "",
+    ));
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    assert!(s.log().contains("access_log.target"), "{}", s.log());
+    assert_eq!(s.metric(r#"tlsgate_reloads_total{result="ok"}"#), 0.0);
+    assert_eq!(s.metric(r#"tlsgate_reloads_total{result="error"}"#), 1.0);
+    // Still the old log, in the old format.
+    assert!(s.curl(&[&s.url("/hello.txt?kept")]).status.success());
+    let text = wait_file_line(&fresh, "?kept");
+    let line = text.lines().find(|l| l.contains("?kept")).unwrap();
+    assert!(
+        line.contains("\"GET /hello.txt?kept HTTP/1.1\" 200"),
+        "{line}"
+    );
+}

@@ -161,6 +161,17 @@ impl Server {
     /// Like `spawn`, with tlsgate run by `wrapper` (a program and its
     /// arguments that execs the rest, e.g. `setpriv ...`).
     pub fn spawn_under(wrapper: &[&str], args: &[&str]) -> Server {
+        Server::spawn_full(wrapper, args, None)
+    }
+
+    /// Like `spawn`, with standard output (the access log's "stdout")
+    /// going to `stdout` instead of the test's pipe.
+    pub fn spawn_with_stdout(args: &[&str], stdout: Stdio) -> Server {
+        Server::spawn_full(&[], args, Some(stdout))
+    }
+
+    fn spawn_full(wrapper: &[&str], args: &[&str], stdout: Option<Stdio>) -> Server {
+        let own_stdout = stdout.is_none();
         let mut command = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
@@ -173,14 +184,16 @@ impl Server {
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
+            .stdout(stdout.unwrap_or_else(Stdio::piped))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stderr = Arc::new(Mutex::new(String::new()));
         let stdout = Arc::new(Mutex::new(String::new()));
         pump(child.stderr.take().unwrap(), stderr.clone());
-        pump(child.stdout.take().unwrap(), stdout.clone());
+        if own_stdout {
+            pump(child.stdout.take().unwrap(), stdout.clone());
+        }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let text = stderr.lock().unwrap().clone();
@@ -227,6 +240,11 @@ impl Server {
             .unwrap()
             .success();
         assert!(ok, "kill -{name} failed");
+    }
+
+    /// Whether the process has not exited yet.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
     }
 
     pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
@@ -685,4 +703,21 @@ pub fn traced_calls(fx: &Fixture, filters: &[&str], pid: u32, work: impl FnOnce(
         .filter(|l| l.contains('('))
         .map(str::to_owned)
         .collect()
+}
+
+/// Polls `path` until a line holds `needle`; the whole file.
+pub fn wait_file_line(path: &Path, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().any(|l| l.contains(needle)) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {needle:?} in {}:\n{text}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
