@@ -1018,15 +1018,20 @@ impl TlsConnection {
         })
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        let fd = self.sock.as_fd();
+        // The ULP first, while rustls still holds the connection: the
+        // kernel refuses it on a socket no longer ESTABLISHED (a client
+        // that sent its request and half-closed), and then the connection
+        // goes on in user space. Without keys the ULP passes data through.
+        ktls::attach_ulp(fd)
+            .map_err(|e| OffloadError::Unsupported(format!("the tls ULP on this socket: {e}")))?;
         let Layer::User(tls) = std::mem::replace(&mut self.layer, Layer::Gone) else {
             return Err(gone().into());
         };
         let secrets = tls
             .dangerous_extract_secrets()
             .map_err(|e| OffloadError::Secrets(e.to_string()))?;
-        let fd = self.sock.as_fd();
         let kernel = |step| move |source| OffloadError::Kernel { call: step, source };
-        ktls::attach_ulp(fd).map_err(kernel("ulp"))?;
         let tx = crypto_info(version, cipher, &secrets.tx)?;
         ktls::install(fd, Direction::Tx, &tx).map_err(kernel("tx"))?;
         let rx = crypto_info(version, cipher, &secrets.rx)?;

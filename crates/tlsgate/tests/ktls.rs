@@ -468,6 +468,37 @@ fn tls12_gcm_nonces_are_never_repeated_across_the_switch() {
     }
 }
 
+/// A client that sends its request and half-closes (a FIN, with or
+/// without close_notify before it) gets its answer whole. The kernel
+/// takes the tls ULP only on an ESTABLISHED socket: such a connection
+/// stays in user space. It used to lose rustls' state first and end with
+/// nothing sent.
+#[test]
+fn a_client_that_half_closes_after_its_request_gets_its_answer() {
+    let _g = serial();
+    let site = Site::new();
+    for offload in ["auto", "always"] {
+        let s = site.start(offload);
+        for close_notify in [false, true] {
+            let case = format!("{offload}, close_notify {close_notify}");
+            let mut c = tls_connect(s.addr);
+            write!(
+                c,
+                "GET /f1048576.bin HTTP/1.1\r\nHost: l\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            if close_notify {
+                c.conn.send_close_notify();
+            }
+            c.flush().unwrap();
+            c.sock.shutdown(std::net::Shutdown::Write).unwrap();
+            let (head, body) = read_response(&mut c);
+            assert!(head.starts_with("HTTP/1.1 200"), "{case}: {head}");
+            assert!(body == site.body(1 << 20), "{case}: the body differs");
+        }
+    }
+}
+
 /// Request bodies arrive through the kernel's RX path and are drained.
 #[test]
 fn request_bodies_are_read_through_kernel_rx() {
