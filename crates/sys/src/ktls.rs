@@ -415,6 +415,26 @@ impl Support {
         self.tx.contains(&(version, cipher)) && self.rx.contains(&(version, cipher))
     }
 
+    /// Marks kTLS unavailable when no (version, cipher) runs in both
+    /// directions: a connection moves both at once, so TX alone (a kernel
+    /// before 4.17, RX ciphers missing) serves nothing, and the log must
+    /// say so rather than "available".
+    fn judge(&mut self) {
+        if self.unavailable.is_some() || self.tx.iter().any(|vc| self.rx.contains(vc)) {
+            return;
+        }
+        self.unavailable = Some(if self.tx.is_empty() && self.rx.is_empty() {
+            "the `tls` ULP attaches but no cipher could be installed".into()
+        } else {
+            let mut only = self.clone();
+            only.unavailable = None;
+            format!(
+                "no version and cipher runs in both directions ({})",
+                only.summary()
+            )
+        });
+    }
+
     /// One line for the log: what is offered, or why nothing is.
     pub fn summary(&self) -> String {
         if let Some(why) = &self.unavailable {
@@ -496,9 +516,7 @@ pub fn probe() -> Support {
             }
         }
     }
-    if s.tx.is_empty() && s.rx.is_empty() {
-        s.unavailable = Some("the `tls` ULP attaches but no cipher could be installed".into());
-    }
+    s.judge();
     s
 }
 
@@ -528,6 +546,27 @@ pub fn parse_stat(text: &str) -> Vec<(String, u64)> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    #[test]
+    fn one_direction_alone_is_unavailable() {
+        use super::*;
+        let tx_only = |tx: Vec<(TlsVersion, Cipher)>, rx: Vec<(TlsVersion, Cipher)>| {
+            let mut s = Support {
+                tx,
+                rx,
+                ..Support::default()
+            };
+            s.judge();
+            s.unavailable
+        };
+        let v13 = (TlsVersion::Tls13, Cipher::Aes128Gcm);
+        let v12 = (TlsVersion::Tls12, Cipher::Aes128Gcm);
+        let why = tx_only(vec![v13], vec![]).unwrap();
+        assert!(why.contains("both directions"), "{why}");
+        assert!(tx_only(vec![v13], vec![v12]).is_some());
+        assert!(tx_only(vec![], vec![]).unwrap().contains("no cipher"));
+        assert_eq!(tx_only(vec![v13, v12], vec![v12]), None);
+    }
+
     use super::*;
 
     #[test]
