@@ -394,6 +394,10 @@ const SEND_BUFFER: usize = 64 * 1024;
 /// What one `write_all` call encrypts before sending, at most.
 const ONE_WRITE: usize = 2 * SEND_BUFFER;
 
+/// The smallest read passed to the kernel's record layer: room for any
+/// alert (2 bytes) and a handshake message's type.
+const MIN_KERNEL_READ: usize = 64;
+
 /// TLS 1.3 handshake message type of KeyUpdate.
 const KEY_UPDATE: u8 = 24;
 
@@ -531,6 +535,25 @@ impl TlsConnection {
         }
         let r = match self.layer {
             Layer::User(_) => self.read_user(buf).await,
+            Layer::Kernel(_) if !buf.is_empty() && buf.len() < MIN_KERNEL_READ => {
+                // The kernel hands a control record over in part when the
+                // buffer is small and keeps the rest: an alert read one
+                // byte at a time would look like a fatal one. Read wide,
+                // keep what does not fit.
+                let mut wide = [0u8; MIN_KERNEL_READ];
+                let r = self.read_kernel(&mut wide).await;
+                if let Ok(n) = r {
+                    let take = n.min(buf.len());
+                    if let (Some(dst), Some(src)) = (buf.get_mut(..take), wide.get(..take)) {
+                        dst.copy_from_slice(src);
+                    }
+                    self.carried
+                        .extend_from_slice(wide.get(take..n).unwrap_or_default());
+                    Ok(take)
+                } else {
+                    r
+                }
+            }
             Layer::Kernel(_) => self.read_kernel(buf).await,
             Layer::Gone => Err(gone()),
         };

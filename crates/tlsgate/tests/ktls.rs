@@ -499,6 +499,34 @@ fn a_client_that_half_closes_after_its_request_gets_its_answer() {
     }
 }
 
+/// A request body cut short by the client's close_notify: the server
+/// drains the body a byte at a time through the kernel, and the alert
+/// must be read whole (a one-byte read of it looked like a fatal alert:
+/// no close_notify back, the session forgotten).
+#[test]
+fn close_notify_inside_a_drained_body_is_answered() {
+    let _g = serial();
+    let site = Site::new();
+    let s = site.start("always");
+    let mut c = tls_connect(s.addr);
+    write!(
+        c,
+        "GET /f1.bin HTTP/1.1\r\nHost: l\r\nContent-Length: 5\r\n\r\nabcd"
+    )
+    .unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    c.conn.send_close_notify();
+    c.flush().unwrap();
+    let mut rest = Vec::new();
+    let end = c.read_to_end(&mut rest);
+    assert!(
+        end.is_ok(),
+        "the connection ended without close_notify: {end:?} after {} bytes",
+        rest.len()
+    );
+}
+
 /// Request bodies arrive through the kernel's RX path and are drained.
 #[test]
 fn request_bodies_are_read_through_kernel_rx() {
