@@ -269,6 +269,7 @@ fn map_errno(e: Errno) -> LookupError {
         Errno::XDEV | Errno::LOOP | Errno::ACCESS | Errno::PERM | Errno::NXIO | Errno::NODEV => {
             LookupError::Forbidden
         }
+        Errno::MFILE | Errno::NFILE => LookupError::NoDescriptors(e.into()),
         other => LookupError::Io(other.into()),
     }
 }
@@ -924,6 +925,8 @@ mod tests {
             assert_eq!(map_errno(e).status(), 403, "{e:?}");
         }
         assert_eq!(map_errno(Errno::IO).status(), 500);
+        assert_eq!(map_errno(Errno::MFILE).status(), 503);
+        assert_eq!(map_errno(Errno::NFILE).status(), 503);
     }
 
     #[test]

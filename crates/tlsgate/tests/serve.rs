@@ -858,6 +858,48 @@ fn spellings_of_one_file_share_one_descriptor_under_a_low_fd_limit() {
     drop(c);
 }
 
+/// The soft and hard `Max open files` of `pid`.
+fn nofile_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_owned();
+    let mut v = line.split_whitespace().skip(3);
+    (v.next().unwrap().to_owned(), v.next().unwrap().to_owned())
+}
+
+#[test]
+fn soft_fd_limit_is_raised_and_a_config_past_it_is_warned_about_at_start() {
+    // The defaults (max_connections 20000, open_file_cache 1024 per
+    // worker) may hold far more than 512 descriptors: the soft limit goes
+    // up to the hard one and one warning names the numbers and the keys.
+    let fx = Fixture::new();
+    let config = fx.write_config(&fx.config("[server]\nworkers = 2\n", ""));
+    let s = Server::spawn_under(
+        &["prlimit", "--nofile=256:512", "--"],
+        &["serve", "--config", config.to_str().unwrap()],
+    );
+    assert_eq!(nofile_limits(s.pid()), ("512".into(), "512".into()));
+    let log = s.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("RLIMIT_NOFILE") && l.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    // 20000 connections + 1024 × 2 workers × 1 root + 2 listeners + 80.
+    assert!(
+        warning.contains("up to 22130 file descriptors"),
+        "{warning}"
+    );
+    assert!(warning.contains("is 512"), "{warning}");
+    for key in ["max_connections", "open_file_cache", "server.workers"] {
+        assert!(warning.contains(key), "{key}: {warning}");
+    }
+    assert_eq!(log.matches("RLIMIT_NOFILE").count(), 1, "{log}");
+    assert_eq!(body(&s.curl(&[&s.url("/hello.txt")])), HELLO.as_bytes());
+}
+
 #[test]
 fn small_files_are_answered_from_memory_without_a_read() {
     // Files up to `open_file_cache_content_max` (4 KiB by default) keep
