@@ -58,6 +58,10 @@ pub enum LookupError {
     /// file, a symlink escaping the root, or a non-regular file (403).
     #[error("forbidden")]
     Forbidden,
+    /// The process or the system ran out of file descriptors
+    /// (`EMFILE`/`ENFILE`) opening the file (503).
+    #[error("out of file descriptors: {0}")]
+    NoDescriptors(#[source] std::io::Error),
     /// Unexpected I/O failure (500).
     #[error("i/o error: {0}")]
     Io(#[source] std::io::Error),
@@ -70,6 +74,11 @@ impl LookupError {
             LookupError::BadPath => 400,
             LookupError::NotFound => 404,
             LookupError::Forbidden => 403,
+            // 503, not 500: nothing is wrong with the file or the
+            // server's state, only its load; the same request succeeds
+            // once descriptors are free again, and 503 tells clients and
+            // balancers to retry (elsewhere) rather than report a fault.
+            LookupError::NoDescriptors(_) => 503,
             LookupError::Io(_) => 500,
         }
     }
@@ -86,6 +95,10 @@ mod tests {
         assert_eq!(LookupError::NotFound.status(), 404);
         assert_eq!(LookupError::Forbidden.status(), 403);
         assert_eq!(LookupError::Io(std::io::Error::other("x")).status(), 500);
+        assert_eq!(
+            LookupError::NoDescriptors(std::io::Error::other("x")).status(),
+            503
+        );
     }
 
     #[test]

@@ -32,6 +32,7 @@
 //! A path naming a regular file but ending in `/` (e.g. `/a.txt/`) is
 //! [`LookupError::NotFound`], like the kernel's `ENOTDIR`.
 
+use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -204,6 +205,25 @@ impl RequestPath {
         })
     }
 
+    /// The open-file cache's key: `/` before each segment, then `/` if
+    /// the path ended with one. Segments hold neither `/` nor NUL, so two
+    /// paths share a key only when they name the same segments and
+    /// trailing slash, which is all [`DocumentRoot::lookup_uncached`]
+    /// resolves: every spelling of one file (`//a`, `/./a`, `/%61`) is one
+    /// entry and one descriptor, and two files never share one.
+    fn cache_key(&self) -> Vec<u8> {
+        let len = self.segments.iter().map(|s| s.len() + 1).sum::<usize>() + 1;
+        let mut key = Vec::with_capacity(len);
+        for seg in &self.segments {
+            key.push(b'/');
+            key.extend_from_slice(seg);
+        }
+        if self.trailing_slash {
+            key.push(b'/');
+        }
+        key
+    }
+
     /// Path relative to the root (`.` for the root itself).
     fn relative(&self) -> OsString {
         if self.segments.is_empty() {
@@ -223,12 +243,33 @@ impl RequestPath {
     }
 }
 
+/// The cache key of `raw` (see [`RequestPath::cache_key`]): `raw` itself
+/// when it is already in that form (no `%`, NUL, empty, `.` or `..`
+/// segment but a trailing slash), as most paths are, without allocating;
+/// otherwise decoded and normalised.
+fn cache_key(raw: &[u8]) -> Result<Cow<'_, [u8]>, LookupError> {
+    let normal = raw.strip_prefix(b"/").is_some_and(|rest| {
+        !rest.contains(&b'%')
+            && !rest.contains(&0)
+            && !rest.starts_with(b"/")
+            && !rest.windows(2).any(|w| w == b"//")
+            && !rest
+                .split(|&b| b == b'/')
+                .any(|seg| seg == b"." || seg == b"..")
+    });
+    if normal {
+        return Ok(Cow::Borrowed(raw));
+    }
+    Ok(Cow::Owned(RequestPath::parse(raw)?.cache_key()))
+}
+
 fn map_errno(e: Errno) -> LookupError {
     match e {
         Errno::NOENT | Errno::NOTDIR | Errno::NAMETOOLONG => LookupError::NotFound,
         Errno::XDEV | Errno::LOOP | Errno::ACCESS | Errno::PERM | Errno::NXIO | Errno::NODEV => {
             LookupError::Forbidden
         }
+        Errno::MFILE | Errno::NFILE => LookupError::NoDescriptors(e.into()),
         other => LookupError::Io(other.into()),
     }
 }
@@ -295,7 +336,10 @@ impl DocumentRoot {
         match &self.cache {
             Some(cache) => {
                 let keep = cache.content_max();
-                cache.get_or_lookup(raw_path, Instant::now(), || {
+                // Keyed on the path as resolved, not as spelled: one
+                // client could otherwise hold a descriptor per spelling.
+                let key = cache_key(raw_path)?;
+                cache.get_or_lookup(&key, Instant::now(), || {
                     self.lookup_uncached(raw_path, keep)
                 })
             }
@@ -881,6 +925,8 @@ mod tests {
             assert_eq!(map_errno(e).status(), 403, "{e:?}");
         }
         assert_eq!(map_errno(Errno::IO).status(), 500);
+        assert_eq!(map_errno(Errno::MFILE).status(), 503);
+        assert_eq!(map_errno(Errno::NFILE).status(), 503);
     }
 
     #[test]
@@ -895,5 +941,67 @@ mod tests {
         }
         let r = open(&t);
         assert_eq!(err(&r, b"/private.txt"), 403);
+    }
+
+    #[test]
+    fn cache_key_is_the_resolved_path() {
+        // The fast path (borrowed) and the full parse agree.
+        for raw in [&b"/"[..], b"/a.txt", b"/d/", b"/d/e/f.txt", b"/a.b..c"] {
+            let key = cache_key(raw).unwrap();
+            assert!(matches!(key, Cow::Borrowed(_)), "{raw:?} borrowed");
+            assert_eq!(&*key, RequestPath::parse(raw).unwrap().cache_key());
+        }
+        for raw in [
+            &b"//a.txt"[..],
+            b"/./a.txt",
+            b"/%61.txt",
+            b"/x/../a.txt",
+            b"/a.txt/.",
+            b"///a.txt",
+        ] {
+            assert_eq!(&*cache_key(raw).unwrap(), b"/a.txt", "{raw:?}");
+        }
+        assert_eq!(&*cache_key(b"//d//").unwrap(), b"/d/");
+        assert_eq!(&*cache_key(b"/%2F").unwrap(), b"/");
+        // Different resolutions never share a key.
+        assert_ne!(cache_key(b"/d").unwrap(), cache_key(b"/d/").unwrap());
+        assert_ne!(
+            cache_key(b"/a%2Fb").unwrap(),
+            cache_key(b"/a%252Fb").unwrap()
+        );
+        assert_ne!(cache_key(b"/ab").unwrap(), cache_key(b"/a/b").unwrap());
+        assert!(cache_key(b"/..").is_err());
+        assert!(cache_key(b"/%zz").is_err());
+    }
+
+    #[test]
+    fn spellings_of_one_file_are_one_cache_entry() {
+        let t = tree();
+        let opts = RootOptions {
+            open_file_cache: Some(crate::CacheOptions {
+                entries: std::num::NonZeroUsize::new(64).unwrap(),
+                valid: std::time::Duration::from_secs(60),
+                content_max: 0,
+            }),
+            ..RootOptions::default()
+        };
+        let root = DocumentRoot::open(&t.root, opts).unwrap();
+        let cache = root.cache.as_ref().unwrap();
+        let first = match root.lookup(b"/docs/sub/b.txt").unwrap() {
+            Found::File(f) => f,
+            Found::Redirect(r) => panic!("unexpected redirect to {r}"),
+        };
+        for i in 1..=40 {
+            let mut raw = b"/".repeat(i);
+            raw.extend_from_slice(b"docs/./sub/%62.txt");
+            match root.lookup(&raw).unwrap() {
+                Found::File(f) => assert!(Arc::ptr_eq(&f, &first), "{i}: the cached file"),
+                Found::Redirect(r) => panic!("unexpected redirect to {r}"),
+            }
+        }
+        assert_eq!(cache.len(), 1, "one entry for 40 spellings");
+        // A different file is a different entry.
+        assert_eq!(body(root.lookup(b"/docs/").unwrap()), "<h1>docs</h1>");
+        assert_eq!(cache.len(), 2);
     }
 }

@@ -10,6 +10,7 @@ mod access_log;
 mod admin;
 mod buffers;
 mod conn;
+mod descriptors;
 mod flood;
 mod generation;
 mod h2;
@@ -103,6 +104,8 @@ pub struct Shared {
     refusals: refusals::RefusalWarnings,
     /// Rate-limited warnings about trusted balancers' bad PROXY headers.
     proxy_header_warnings: refusals::RefusalWarnings,
+    /// Requests answered 503 for want of a file descriptor.
+    descriptor_warnings: refusals::RefusalWarnings,
     /// Access log writer.
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
@@ -183,6 +186,9 @@ fn probe_ktls(metrics: &Metrics) -> tlsgate_sys::ktls::Support {
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub fn run(launch: Launch) -> Result<(), StartError> {
     let config = launch.load()?;
+    // Before any descriptor is opened for serving: the default soft limit
+    // (1024 under systemd) is below what the default limits may hold.
+    descriptors::check(&config, tlsgate_sys::rlimit::raise_nofile());
     let ids = privileges::resolve(&config)?;
     // Before any socket: a log that cannot be opened stops the start here,
     // naming its key, not after the listeners are up.
@@ -275,6 +281,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         handshakes: Arc::new(HandshakeLimiter::default()),
         refusals: refusals::RefusalWarnings::default(),
         proxy_header_warnings: refusals::RefusalWarnings::default(),
+        descriptor_warnings: refusals::RefusalWarnings::default(),
         access_log,
         shutdown,
         ktls,

@@ -68,6 +68,20 @@ impl RefusalWarnings {
         Some(n)
     }
 
+    /// Notes a request answered 503 because opening its file found no
+    /// descriptor free, and warns when the interval allows (one line per
+    /// request would add log writes to an overload).
+    pub fn out_of_descriptors(&self, why: &impl std::fmt::Display) -> Option<u64> {
+        let n = self.due()?;
+        tracing::warn!(
+            refused = n,
+            "request for a file answered 503: {why} ({n} since the last such warning); \
+             lower [limits] max_connections or [files] open_file_cache, or raise RLIMIT_NOFILE: \
+             see docs/config.md"
+        );
+        Some(n)
+    }
+
     /// Counts one; `Some(n)` when a warning is due now, covering `n`.
     fn due(&self) -> Option<u64> {
         self.since.fetch_add(1, Ordering::Relaxed);

@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use tlsgate_files::{select, DocumentRoot, FileMeta, Found, Preconditions, Selection, StaticFile};
+use tlsgate_files::{
+    select, DocumentRoot, FileMeta, Found, LookupError, Preconditions, Selection, StaticFile,
+};
 use tlsgate_http1::{reason_phrase, Method};
 use tokio::sync::watch;
 
@@ -226,6 +228,13 @@ pub(crate) fn decide(cx: &HttpCtx<'_>, root: &DocumentRoot, req: &Request<'_>) -
         }
         Err(e) => {
             let status = e.status();
+            if let LookupError::NoDescriptors(_) = e {
+                cx.shared.descriptor_warnings.out_of_descriptors(&e);
+                return Reply::Text {
+                    status,
+                    extra: Some(("Retry-After", b"1".to_vec())),
+                };
+            }
             if status >= 500 {
                 tracing::warn!(peer = %cx.peer(), "cannot serve {:?}: {e}", String::from_utf8_lossy(req.path));
             }

@@ -30,6 +30,7 @@ pub mod netdev;
 pub mod packet;
 pub mod privileges;
 pub mod resident;
+pub mod rlimit;
 mod sockopt;
 pub mod suspend;
 

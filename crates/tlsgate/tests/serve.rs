@@ -805,6 +805,101 @@ fn open_file_cache_keeps_files_open_and_sees_replacements_once_expired() {
     }
 }
 
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+fn spellings_of_one_file_share_one_descriptor_under_a_low_fd_limit() {
+    // The open-file cache was keyed on the path as sent: `/hello.txt`,
+    // `//hello.txt`, ... each held a descriptor of its own, and one
+    // keep-alive client ran a server limited to 256 descriptors out of
+    // them (138 of these 300 requests and every other client got 500).
+    // The default cache of 1024 entries is larger than that limit.
+    const SPELLINGS: usize = 300;
+    let fx = Fixture::new();
+    let config = fx.write_config(&fx.config(
+        "[server]\nworkers = 1\n[files]\nopen_file_cache_valid = \"60s\"\n",
+        "",
+    ));
+    let s = Server::spawn_under(
+        &["prlimit", "--nofile=256:256", "--"],
+        &["serve", "--config", config.to_str().unwrap()],
+    );
+    let mut c = tls_connect(s.addr);
+    let first = upstream::get(&mut c, "/hello.txt", "").unwrap();
+    assert_eq!(first.status, 200);
+    let before = open_fds(s.pid());
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for i in 1..=SPELLINGS {
+        // `/` i times, every third with a `./` and an escaped letter.
+        let mut path = "/".repeat(i);
+        path.push_str(if i % 3 == 0 {
+            "./%68ello.txt"
+        } else {
+            "hello.txt"
+        });
+        let r = upstream::get(&mut c, &path, "").unwrap();
+        *statuses.entry(r.status).or_default() += 1;
+        if r.status == 200 {
+            assert_eq!(upstream::body_text(&r), HELLO, "{path}");
+        }
+    }
+    let after = open_fds(s.pid());
+    assert_eq!(statuses, [(200, SPELLINGS)].into(), "{}", s.log());
+    assert!(
+        after <= before + 2,
+        "{before} descriptors before, {after} after {SPELLINGS} spellings"
+    );
+    // A new client, while the first still holds its connection.
+    assert_eq!(body(&s.curl(&[&s.url("/index.html")])), b"<h1>index</h1>\n");
+    drop(c);
+}
+
+/// The soft and hard `Max open files` of `pid`.
+fn nofile_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_owned();
+    let mut v = line.split_whitespace().skip(3);
+    (v.next().unwrap().to_owned(), v.next().unwrap().to_owned())
+}
+
+#[test]
+fn soft_fd_limit_is_raised_and_a_config_past_it_is_warned_about_at_start() {
+    // The defaults (max_connections 20000, open_file_cache 1024 per
+    // worker) may hold far more than 512 descriptors: the soft limit goes
+    // up to the hard one and one warning names the numbers and the keys.
+    let fx = Fixture::new();
+    let config = fx.write_config(&fx.config("[server]\nworkers = 2\n", ""));
+    let s = Server::spawn_under(
+        &["prlimit", "--nofile=256:512", "--"],
+        &["serve", "--config", config.to_str().unwrap()],
+    );
+    assert_eq!(nofile_limits(s.pid()), ("512".into(), "512".into()));
+    let log = s.log();
+    let warning = log
+        .lines()
+        .find(|l| l.contains("RLIMIT_NOFILE") && l.contains("WARN"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    // 20000 connections + 1024 × 2 workers × 1 root + 2 listeners + 80.
+    assert!(
+        warning.contains("up to 22130 file descriptors"),
+        "{warning}"
+    );
+    assert!(warning.contains("is 512"), "{warning}");
+    for key in ["max_connections", "open_file_cache", "server.workers"] {
+        assert!(warning.contains(key), "{key}: {warning}");
+    }
+    assert_eq!(log.matches("RLIMIT_NOFILE").count(), 1, "{log}");
+    assert_eq!(body(&s.curl(&[&s.url("/hello.txt")])), HELLO.as_bytes());
+}
+
 #[test]
 fn small_files_are_answered_from_memory_without_a_read() {
     // Files up to `open_file_cache_content_max` (4 KiB by default) keep
