@@ -74,7 +74,7 @@ pub(crate) fn check(config: &Config, nofile: Nofile) -> Needed {
             needed = need.total(),
             "this configuration may hold up to {} file descriptors but RLIMIT_NOFILE \
              (raised to the hard limit) is {limit}: {} for [limits] max_connections{}, \
-             {} for [files] open_file_cache × {} workers × document roots, {} listening \
+             {} for [files] open_file_cache × {} workers × document roots, {} listener \
              sockets, {} for the rest. Past the limit, requests for files are answered \
              503 and new connections are refused: lower max_connections, \
              open_file_cache or server.workers, or raise the hard limit \
