@@ -868,9 +868,9 @@ enum ClientCut {
 }
 
 impl ClientCut {
-    /// The reason logged; a total timeout is counted against `server`
-    /// (it was the exchange's, not the server's fault: no mark).
-    fn reason(self, pool: &Pool, server: usize) -> &'static str {
+    /// Counts a total timeout against `server` (it was the exchange's,
+    /// not the server's fault: no mark) and returns the reason to log.
+    fn count_and_reason(self, pool: &Pool, server: usize) -> &'static str {
         match self {
             ClientCut::Gone => "client_gone",
             ClientCut::TotalTimeout => {
@@ -1628,7 +1628,7 @@ async fn relay<D: Downstream>(
                 status,
                 body_bytes: sent,
                 server,
-                reason: cut.reason(pool, lease.server),
+                reason: cut.count_and_reason(pool, lease.server),
             };
         }
     }
@@ -1640,7 +1640,7 @@ async fn relay<D: Downstream>(
             status,
             body_bytes: sent,
             server,
-            reason: cut.reason(pool, lease.server),
+            reason: cut.count_and_reason(pool, lease.server),
         };
     }
     if body.reusable {
