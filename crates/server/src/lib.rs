@@ -317,6 +317,9 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
             tracing::info!("admin listening on http://{}/metrics", l.local_addr()?);
             tokio::spawn(admin::serve(shared.clone(), l));
         }
+        // SynGate's interface may be deleted under it: checked every second.
+        let mut xdp_watch = tokio::time::interval(std::time::Duration::from_secs(1));
+        xdp_watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = term.recv() => break,
@@ -326,6 +329,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
                     reload(&launch, &shared, &keys, &tickets)
                 }
                 Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
+                _ = xdp_watch.tick(), if gate.is_held() => gate.watch(),
             }
         }
         // Shutdown runs on this runtime too: the admin listener lives here,

@@ -1,7 +1,8 @@
 //! `[xdp]`: XDP SynGate attached at start and detached at exit. The work
 //! is in tlsgate-xdp; this module decides what a failure means (stop, or
-//! serve unprotected when `xdp.optional`) and wires the counters into
-//! `/metrics`.
+//! serve unprotected when `xdp.optional`), wires the counters into
+//! `/metrics`, watches that the kernel has not detached SynGate (its
+//! interface deleted) and attaches it again at SIGHUP when it has.
 
 use std::path::PathBuf;
 
@@ -10,7 +11,7 @@ use tlsgate_metrics::Metrics;
 use tlsgate_xdp::metrics::XdpCollector;
 use tlsgate_xdp::stats::PinnedMaps;
 use tlsgate_xdp::sysctl::Sysctls;
-use tlsgate_xdp::{AttachOptions, Held, Mode};
+use tlsgate_xdp::{AttachOptions, Held, LinkState, Mode};
 
 use crate::StartError;
 
@@ -61,7 +62,7 @@ impl Gate {
         // The maps are opened now, as root: the pins are root's, and the
         // collector and refresh use them after privileges are dropped.
         let attached = tlsgate_xdp::attach_held(&o).and_then(|held| {
-            let opened = XdpCollector::open(&root, &x.interface)
+            let opened = XdpCollector::open(&root, held.link().clone())
                 .and_then(|c| Ok((c, PinnedMaps::open(&root, &x.interface)?)));
             match opened {
                 Ok((collector, maps)) => Ok((held, collector, maps)),
@@ -111,6 +112,57 @@ impl Gate {
 }
 
 impl Gate {
+    /// Whether there is a SynGate to watch ([`Gate::watch`]).
+    pub(crate) fn is_held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    /// Asks the kernel whether SynGate is still attached; the link logs a
+    /// warning naming the interface the first time it is not. Cheap (one
+    /// `bpf(2)` call and one ioctl): the server calls it every second so
+    /// that the loss is logged when it happens, not at the next scrape.
+    pub(crate) fn watch(&self) {
+        if let Some(held) = &self.held {
+            if let Err(e) = held.link().state() {
+                tracing::warn!("XDP SynGate on {}: {e}", held.iface());
+            }
+        }
+    }
+
+    /// At a reload (SIGHUP): when the kernel has detached SynGate because
+    /// its interface went and an interface of that name exists again,
+    /// reads that interface (MTU, MAC) and attaches the same program to it.
+    fn reattach(&mut self) {
+        let Some(held) = &mut self.held else { return };
+        let iface = held.iface().to_string();
+        match held.link().state() {
+            Ok(LinkState::Replaced { .. } | LinkState::NotAttached) => {}
+            Ok(LinkState::InterfaceGone) => {
+                tracing::warn!(
+                    "XDP SynGate on {iface} stays detached: there is no interface named {iface}"
+                );
+                return;
+            }
+            Ok(LinkState::Attached { .. }) | Err(_) => return,
+        }
+        // The new interface's MAC and MTU first, so that the program
+        // answers for it from its first frame.
+        if let Some(maps) = &mut self.maps {
+            if let Err(e) = maps.refresh(&Sysctls::default()) {
+                tracing::error!("XDP SynGate could not read the new {iface}: {e}");
+            }
+        }
+        match held.reattach() {
+            Ok(Some(state)) => {
+                tracing::info!("XDP SynGate attached again to {iface}: {state}");
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(
+                "XDP SynGate could not attach again to {iface}: {e}\nSERVING UNPROTECTED against SYN floods on {iface} until tlsgate restarts"
+            ),
+        }
+    }
+
     /// Reads what SynGate takes from the host (the interface's MTU and MAC
     /// address, the TCP sysctls, the window scale the kernel gives a cookie
     /// socket) again and updates the running program: at a reload
@@ -119,6 +171,14 @@ impl Gate {
     /// dropped, and the map is written through the descriptor opened at
     /// start.
     pub(crate) fn refresh(&mut self) {
+        self.reattach();
+        if self.held.as_ref().is_some_and(|h| {
+            h.link()
+                .state()
+                .is_ok_and(|s| s == LinkState::InterfaceGone)
+        }) {
+            return;
+        }
         let Some(maps) = &mut self.maps else { return };
         match maps.refresh(&Sysctls::default()) {
             Ok(Some((old, new))) => {

@@ -1,14 +1,14 @@
 //! The kernel-facing layer of tlsgate: listening sockets, dropping
 //! privileges ([`privileges`]), the key process's socket and descriptor
 //! passing ([`ipc`]); kernel TLS (`TCP_ULP`, `SOL_TLS`) and `sendfile`
-//! ([`ktls`]); BPF later.
+//! ([`ktls`]); what the kernel says of BPF links ([`bpf`]).
 //!
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
 //! ([`resident`]'s `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS,
 //! `TCP_DEFER_ACCEPT`), [`ktls`]'s control messages, [`packet`]'s
 //! `AF_PACKET` socket and `BPF_PROG_RUN` call for the SYN flood
-//! generator, [`netdev`]'s `SIOCGIFMTU`/`SIOCGIFHWADDR` ioctls for
+//! generator, [`bpf`]'s link queries (is SynGate still attached?), [`netdev`]'s `SIOCGIFMTU`/`SIOCGIFHWADDR` ioctls for
 //! SynGate, [`fileread`]'s reads into spare capacity, [`suspend`]'s
 //! coroutine handle that is `Send` because it runs only at home and its
 //! pointer to the running call's yielder); everything else
@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+pub mod bpf;
 pub mod fileread;
 pub mod ipc;
 pub mod ktls;

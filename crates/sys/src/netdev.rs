@@ -1,5 +1,5 @@
-//! What an interface is, as the kernel's `SIOCGIF*` ioctls say it: its MTU
-//! and its MAC address, in the calling thread's network namespace (sysfs
+//! What an interface is, as the kernel's `SIOCGIF*` ioctls say it: its
+//! index, its MTU and its MAC address, in the calling thread's network namespace (sysfs
 //! may show another one: `/sys` keeps the namespace it was mounted in, so a
 //! process moved with `nsenter --net` reads the host's interfaces there).
 //! Two ioctls, the unsafe calls of this module, each with its `SAFETY` note.
@@ -81,6 +81,30 @@ pub fn mac(name: &str) -> io::Result<[u8; 6]> {
     Ok(mac)
 }
 
+/// The index of the interface `name` in the calling thread's network
+/// namespace.
+pub fn ifindex(name: &str) -> io::Result<u32> {
+    ifindex_if_present(name)?.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("interface {name}: no such device"),
+        )
+    })
+}
+
+/// [`ifindex`], or `None` when there is no interface of that name (here).
+pub fn ifindex_if_present(name: &str) -> io::Result<Option<u32>> {
+    let s = socket()?;
+    match rustix::net::netdevice::name_to_index(&s, name) {
+        Ok(i) => Ok(Some(i)),
+        Err(rustix::io::Errno::NODEV) => Ok(None),
+        Err(e) => Err(io::Error::new(
+            io::Error::from(e).kind(),
+            format!("interface {name}: {e}"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,6 +117,8 @@ mod tests {
             io::ErrorKind::Unsupported
         );
         assert!(mtu("no-such-if0").is_err());
+        assert!(ifindex_if_present("lo").expect("lo exists").is_some());
+        assert_eq!(ifindex_if_present("no-such-if0").expect("no error"), None);
         assert_eq!(
             mtu("a-name-far-too-long-for-linux").unwrap_err().kind(),
             io::ErrorKind::InvalidInput

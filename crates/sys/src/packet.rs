@@ -92,17 +92,7 @@ impl PacketSocket {
     }
 }
 
-/// The index of the interface `name` in the calling thread's network
-/// namespace.
-pub fn ifindex(name: &str) -> io::Result<u32> {
-    let s = rustix::net::socket(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        None,
-    )?;
-    rustix::net::netdevice::name_to_index(&s, name)
-        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("interface {name}: {e}")))
-}
+pub use crate::netdev::ifindex;
 
 /// `struct xdp_md` as `BPF_PROG_TEST_RUN` takes it for its context.
 #[repr(C)]

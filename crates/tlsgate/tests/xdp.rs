@@ -86,20 +86,39 @@ impl Lab {
         let (s, c) = (lab.srv.as_str(), lab.cli.as_str());
         sh(&["ip", "netns", "add", s]);
         sh(&["ip", "netns", "add", c]);
+        for ns in [s, c] {
+            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        lab.add_pair();
+        let anchor = format!(
+            "ip -n {c} link add {} type veth peer name tg{tag}b{}",
+            lab.anchor_if,
+            id % 1_000_000
+        );
+        sh(&anchor.split(' ').collect::<Vec<_>>());
+        lab
+    }
+
+    /// The veth pair between the namespaces, addressed and up, with the
+    /// pass program on the client's end.
+    fn add_pair(&self) {
+        let (s, c) = (self.srv.as_str(), self.cli.as_str());
         sh(&[
             "ip",
             "link",
             "add",
-            &lab.srv_if,
+            &self.srv_if,
+            "netns",
+            s,
             "type",
             "veth",
             "peer",
             "name",
-            &lab.cli_if,
+            &self.cli_if,
+            "netns",
+            c,
         ]);
-        sh(&["ip", "link", "set", &lab.srv_if, "netns", s]);
-        sh(&["ip", "link", "set", &lab.cli_if, "netns", c]);
-        for (ns, ifname, a4, a6) in [(s, &lab.srv_if, SRV4, SRV6), (c, &lab.cli_if, CLI4, CLI6)] {
+        for (ns, ifname, a4, a6) in [(s, &self.srv_if, SRV4, SRV6), (c, &self.cli_if, CLI4, CLI6)] {
             sh(&[
                 "ip",
                 "-n",
@@ -122,18 +141,11 @@ impl Lab {
                 "nodad",
             ]);
             sh(&["ip", "-n", ns, "link", "set", ifname, "up"]);
-            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
             sh(&[
                 "ip", "netns", "exec", ns, "ethtool", "-K", ifname, "tx", "off",
             ]);
         }
-        let anchor = format!(
-            "ip -n {c} link add {} type veth peer name tg{tag}b{}",
-            lab.anchor_if,
-            id % 1_000_000
-        );
-        sh(&anchor.split(' ').collect::<Vec<_>>());
-        let obj = lab._dir.path().join("syngate.bpf.o");
+        let obj = self._dir.path().join("syngate.bpf.o");
         std::fs::write(&obj, tlsgate_xdp::OBJECT).unwrap();
         sh(&[
             "ip",
@@ -142,7 +154,7 @@ impl Lab {
             "link",
             "set",
             "dev",
-            &lab.cli_if,
+            &self.cli_if,
             "xdpdrv",
             "obj",
             obj.to_str().unwrap(),
@@ -151,7 +163,6 @@ impl Lab {
             "program",
             "xdp_pass",
         ]);
-        lab
     }
 
     fn netns_path(ns: &str) -> String {
@@ -1490,4 +1501,139 @@ fn sighup_rereads_the_window_scale_and_mss() {
     assert_eq!(cookies_now(&lab), before + 1);
     s.signal("TERM");
     assert!(s.wait_exit().success(), "{}", s.log());
+}
+
+/// The interface SynGate is attached to deleted under a running tlsgate
+/// (`ip link del`): the kernel detaches the program, and /metrics,
+/// `tlsgate xdp stats` and the log say so (one warning naming the
+/// interface). An interface of the same name made again gets SynGate back
+/// at SIGHUP, with the new interface's MAC, and its SYNs are answered from
+/// XDP again.
+#[test]
+fn a_deleted_interface_is_reported_detached_and_sighup_reattaches() {
+    let lab = Lab::new("d");
+    let fx = Fixture::new();
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &xdp_metrics_table(&lab.srv_if));
+    s.wait_log(&format!("listening on https://[{SRV6}]:8443"));
+    s.wait_log(&format!("XDP SynGate attached to {}", lab.srv_if));
+    fetch_hello(&lab);
+    assert_eq!(xdp_attached(&lab), Some(1.0));
+
+    sh(&["ip", "-n", &lab.srv, "link", "del", &lab.srv_if]);
+    let warning = format!("XDP SynGate on {} is detached", lab.srv_if);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while xdp_attached(&lab) != Some(0.0) {
+        assert!(
+            Instant::now() < deadline,
+            "/metrics still says attached after `ip link del {}`:\n{}",
+            lab.srv_if,
+            metrics(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = lab.stats();
+    eprintln!("stats after ip link del: {st}");
+    assert_eq!(st["attached"], serde_json::json!(false), "{st}");
+    assert!(
+        st["link"].as_str().unwrap().contains("interface is gone"),
+        "{st}"
+    );
+    let table = ok(&mut lab.tlsgate(&["xdp", "stats", "--iface", &lab.srv_if]));
+    assert!(table.contains("detached"), "{table}");
+    s.wait_log(&warning);
+    // Once, not per scrape or per second.
+    std::thread::sleep(Duration::from_millis(2500));
+    let _ = metrics(&lab);
+    assert_eq!(s.log().matches(&warning).count(), 1, "{}", s.log());
+
+    // The same name again: SIGHUP attaches SynGate to the new interface.
+    lab.add_pair();
+    assert_eq!(xdp_attached(&lab), Some(0.0), "a new interface is not ours");
+    let st = lab.stats();
+    assert!(
+        st["link"].as_str().unwrap().contains("has no SynGate"),
+        "{st}"
+    );
+    s.signal("HUP");
+    s.wait_log(&format!("XDP SynGate attached again to {}", lab.srv_if));
+    assert_eq!(xdp_attached(&lab), Some(1.0));
+    assert!(lab.xdp_on_srv_if());
+    assert_eq!(lab.stats()["attached"], serde_json::json!(true));
+    let before = cookies_now(&lab);
+    fetch_hello(&lab);
+    assert_eq!(cookies_now(&lab), before + 1, "answered from XDP again");
+    s.signal("TERM");
+    assert!(s.wait_exit().success(), "{}", s.log());
+    assert!(!lab.xdp_on_srv_if());
+}
+
+/// A device whose driver has no native XDP (a bridge, Ethernet): a start
+/// with `[xdp]` on it (native, the default) stops with an error that names
+/// the interface and the mode and says how to ask for generic mode; so
+/// does `tlsgate xdp attach`. With `generic = true` it attaches. `lo` is
+/// refused in any mode, naming it: it is not Ethernet.
+#[test]
+fn native_attach_without_driver_support_says_to_use_generic_mode() {
+    let lab = Lab::new("n");
+    let fx = Fixture::new();
+    let bridge = format!("tgnb{}", std::process::id() % 1_000_000);
+    sh(&[
+        "ip", "-n", &lab.srv, "link", "add", &bridge, "type", "bridge",
+    ]);
+    sh(&["ip", "-n", &lab.srv, "link", "set", &bridge, "up"]);
+    let table = |iface: &str| {
+        format!("[xdp]\ninterface = \"{iface}\"\nmode = \"always\"\nmanage_sysctls = true\n")
+    };
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &table(&bridge));
+    let status = s.wait_exit();
+    let log = s.log();
+    eprintln!("{log}");
+    assert_eq!(status.code(), Some(2), "{log}");
+    for needed in [
+        format!("attach XDP to {bridge}"),
+        "native (driver) mode".to_string(),
+        "generic = true".to_string(),
+    ] {
+        assert!(log.contains(&needed), "no {needed:?} in:\n{log}");
+    }
+    drop(s);
+    assert!(!PathBuf::from(tlsgate_xdp::PIN_ROOT).join(&bridge).exists());
+
+    let out = run(&mut lab.tlsgate(&[
+        "xdp",
+        "attach",
+        "--iface",
+        &bridge,
+        "--port",
+        "8443",
+        "--mode",
+        "always",
+        "--manage-sysctls",
+    ]));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("tlsgate xdp attach --iface {bridge}: {said}");
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    for needed in [bridge.as_str(), "native (driver) mode", "--generic"] {
+        assert!(said.contains(needed), "no {needed:?} in: {said}");
+    }
+
+    let mut s = Tlsgate::spawn(&lab, &fx, "", &table("lo"));
+    assert_eq!(s.wait_exit().code(), Some(2), "{}", s.log());
+    assert!(s.log().contains("lo is not Ethernet"), "{}", s.log());
+    drop(s);
+
+    let generic = format!("{}generic = true\n", table(&bridge));
+    let s = Tlsgate::spawn(&lab, &fx, "", &generic);
+    s.wait_log(&format!("XDP SynGate attached to {bridge}"));
+    let m = metrics(&lab);
+    assert_eq!(
+        metric(
+            &m,
+            &format!("tlsgate_xdp_attached{{interface=\"{bridge}\"}}")
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    drop(s);
+    let _ = std::fs::remove_dir_all(PathBuf::from(tlsgate_xdp::PIN_ROOT).join(&bridge));
 }

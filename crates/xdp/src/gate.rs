@@ -12,12 +12,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::os::fd::{AsFd, OwnedFd};
+
 use aya::maps::{Array, Map, MapData};
-use aya::programs::links::{FdLink, PinnedLink};
-use aya::programs::{ProgramError, Xdp, XdpFlags};
+use aya::programs::links::PinnedLink;
+use aya::programs::{ProgramError, Xdp};
 use aya::EbpfLoader;
 
 use crate::abi::{Config, HostView, Mode, CONFIG_SIZE, MAX_PORTS};
+use crate::link::{Link, LinkState};
 use crate::sysctl::{Sysctls, SACK, SYNCOOKIES, TIMESTAMPS, WINDOW_SCALING};
 use crate::{Error, OBJECT, PIN_ROOT};
 
@@ -252,17 +255,31 @@ pub fn attach(o: &AttachOptions) -> Result<Attachment, Error> {
     attach_with(o, &Sysctls::default(), true).map(|(a, _)| a)
 }
 
+/// The program as loaded and its link, kept by [`Held`].
+#[derive(Debug)]
+pub struct Loaded {
+    ebpf: aya::Ebpf,
+    link: OwnedFd,
+}
+
 /// SynGate attached for as long as this value (this process) lives: the
 /// link is not pinned, only held, so the kernel detaches the program when
 /// the process exits, whether it stops cleanly or crashes. The maps are
 /// pinned (for `tlsgate xdp stats`); [`Held::release`] removes them and
 /// restores the sysctls, and [`cleanup_stale`] does it at the next start
 /// after a crash.
+///
+/// The loaded program (and its maps) stay open with the link: when the
+/// kernel detaches the link because the interface went, [`Held::reattach`]
+/// attaches the same program, counters and all, to the interface of that
+/// name that exists then.
 #[derive(Debug)]
 pub struct Held {
     /// What was attached.
     pub attachment: Attachment,
-    link: Option<FdLink>,
+    link: Link,
+    ebpf: Option<aya::Ebpf>,
+    generic: bool,
     pin_root: PathBuf,
     iface: String,
 }
@@ -270,10 +287,13 @@ pub struct Held {
 /// Attaches SynGate to `o.iface` for the life of this process (see
 /// [`Held`]).
 pub fn attach_held(o: &AttachOptions) -> Result<Held, Error> {
-    let (attachment, link) = attach_with(o, &Sysctls::default(), false)?;
+    let (attachment, loaded) = attach_with(o, &Sysctls::default(), false)?;
+    let loaded = loaded.ok_or_else(|| Error::bpf("attach", "no link returned"))?;
     Ok(Held {
         attachment,
-        link,
+        link: Link::new(&o.iface, loaded.link),
+        ebpf: Some(loaded.ebpf),
+        generic: o.generic,
         pin_root: o.pin_root.clone(),
         iface: o.iface.clone(),
     })
@@ -282,7 +302,8 @@ pub fn attach_held(o: &AttachOptions) -> Result<Held, Error> {
 impl Held {
     /// Detaches the program, removes the pins and restores the sysctls.
     pub fn release(mut self) -> Result<Detached, Error> {
-        drop(self.link.take());
+        self.link.replace(None);
+        drop(self.ebpf.take());
         // Its own pins: the program this link held may outlive the drop for
         // a moment, and nobody else holds it.
         detach_checked(&self.pin_root, &self.iface, &Sysctls::default(), false)
@@ -291,6 +312,30 @@ impl Held {
     /// The interface.
     pub fn iface(&self) -> &str {
         &self.iface
+    }
+
+    /// The link, for readers of its state.
+    pub fn link(&self) -> &Link {
+        &self.link
+    }
+
+    /// Attaches the program again when the kernel has detached it (its
+    /// interface went) and an interface of its name exists now: the new
+    /// state, or `None` when there was nothing to do (still attached, or
+    /// no interface of that name yet). Needs `CAP_NET_ADMIN` and
+    /// `CAP_BPF` (or root), like the first attach.
+    pub fn reattach(&mut self) -> Result<Option<LinkState>, Error> {
+        match self.link.state()? {
+            LinkState::Attached { .. } | LinkState::InterfaceGone => return Ok(None),
+            LinkState::Replaced { .. } | LinkState::NotAttached => {}
+        }
+        let ebpf = self
+            .ebpf
+            .as_mut()
+            .ok_or_else(|| Error::bpf("attach again", "the program was released"))?;
+        let fd = attach_link(ebpf, &self.iface, self.generic)?;
+        self.link.replace(Some(fd));
+        self.link.state().map(Some)
     }
 
     /// The pin root.
@@ -312,12 +357,13 @@ pub fn cleanup_stale(pin_root: &Path, iface: &str) -> Result<Option<Detached>, E
 }
 
 /// [`attach`] with the sysctls read and written under `sysctls`; with
-/// `pin_link` false the link is returned instead of pinned.
+/// `pin_link` false the link (and the loaded program) is returned instead
+/// of pinned.
 pub fn attach_with(
     o: &AttachOptions,
     sysctls: &Sysctls,
     pin_link: bool,
-) -> Result<(Attachment, Option<FdLink>), Error> {
+) -> Result<(Attachment, Option<Loaded>), Error> {
     let dir = pin_dir(&o.pin_root, &o.iface)?;
     let slot_ports = validate_ports(&o.ports)?;
     if is_attached(&o.pin_root, &o.iface) {
@@ -389,7 +435,7 @@ pub fn attach_with(
         Err(e) => return Err(Error::bpf(format!("mkdir {}", dir.display()), e)),
     }
     let mut pinned = Vec::new();
-    let result = (|| -> Result<Option<FdLink>, Error> {
+    let result = (|| -> Result<Option<OwnedFd>, Error> {
         for name in MAPS {
             let map = ebpf
                 .map(name)
@@ -398,29 +444,16 @@ pub fn attach_with(
                 .map_err(|e| Error::bpf(format!("pin map {name}"), chain(&e)))?;
             pinned.push(name);
         }
-        let prog = syngate(&mut ebpf)?;
-        let flags = if o.generic {
-            XdpFlags::SKB_MODE
-        } else {
-            XdpFlags::DRV_MODE
-        };
-        let id = prog
-            .attach(&o.iface, flags)
-            .map_err(|e| Error::bpf(format!("attach XDP to {}", o.iface), chain(&e)))?;
-        let link = prog
-            .take_link(id)
-            .map_err(|e| Error::bpf("take the XDP link", chain(&e)))?;
-        let link = FdLink::try_from(link)
-            .map_err(|e| Error::bpf("the XDP link is not a BPF link", chain(&e)))?;
+        let link = attach_link(&mut ebpf, &o.iface, o.generic)?;
         if !pin_link {
             return Ok(Some(link));
         }
-        link.pin(dir.join("link"))
-            .map_err(|e| Error::bpf("pin the XDP link", chain(&e)))?;
+        tlsgate_sys::bpf::pin(link.as_fd(), &dir.join("link"))
+            .map_err(|e| Error::bpf("pin the XDP link (BPF_OBJ_PIN)", e))?;
         Ok(None)
     })();
-    let link = match result {
-        Ok(link) => link,
+    let loaded = match result {
+        Ok(link) => link.map(|link| Loaded { ebpf, link }),
         Err(e) => {
             // Only what this call pinned, in the directory it made.
             remove_pins(&dir, &pinned);
@@ -428,7 +461,22 @@ pub fn attach_with(
         }
     };
     let changed = std::mem::take(&mut restore.changed);
-    Ok((Attachment { dir, host, changed }, link))
+    Ok((Attachment { dir, host, changed }, loaded))
+}
+
+/// Attaches the loaded `syngate` program to `iface` through a new BPF link
+/// (the kernel's `BPF_LINK_CREATE`; this process holds the descriptor), in
+/// generic or the driver's native mode.
+fn attach_link(ebpf: &mut aya::Ebpf, iface: &str, generic: bool) -> Result<OwnedFd, Error> {
+    let prog = syngate(ebpf)?
+        .fd()
+        .map_err(|e| Error::bpf("program syngate", chain(&e)))?;
+    let ifindex = tlsgate_sys::netdev::ifindex(iface).map_err(|e| Error::Interface {
+        iface: iface.into(),
+        detail: e.to_string(),
+    })?;
+    tlsgate_sys::bpf::xdp_link_create(prog.as_fd(), ifindex, generic)
+        .map_err(|e| Error::attach(iface, generic, &e))
 }
 
 /// The `syngate` program of a loaded object.
@@ -510,10 +558,11 @@ pub fn detach_with(pin_root: &Path, iface: &str, sysctls: &Sysctls) -> Result<De
     detach_checked(pin_root, iface, sysctls, true)
 }
 
-/// Whether a loaded BPF program uses one of the maps pinned in `dir`: the
-/// program lives as long as something holds it (a pinned link, a process's
-/// link), and is gone from the kernel's list once its last holder is.
-fn program_alive(dir: &Path) -> Result<bool, Error> {
+/// The id of the loaded BPF program that uses one of the maps pinned in
+/// `dir`, if one does: the program lives as long as something holds it (a
+/// pinned link, a process's link), and is gone from the kernel's list once
+/// its last holder is.
+pub(crate) fn program_using(dir: &Path) -> Result<Option<u32>, Error> {
     let mut ids = Vec::new();
     for name in MAPS.iter().filter(|n| dir.join(n).exists()) {
         let info = open_pinned(dir, name)?
@@ -522,7 +571,7 @@ fn program_alive(dir: &Path) -> Result<bool, Error> {
         ids.push(info.id());
     }
     if ids.is_empty() {
-        return Ok(false);
+        return Ok(None);
     }
     let mut listed = false;
     let mut first_error = None;
@@ -547,12 +596,12 @@ fn program_alive(dir: &Path) -> Result<bool, Error> {
                 )
             })?;
         if maps.iter().any(|m| ids.contains(m)) {
-            return Ok(true);
+            return Ok(Some(prog.id()));
         }
     }
     match first_error {
         Some(e) if !listed => Err(Error::bpf("list the loaded BPF programs", chain(&e))),
-        _ => Ok(false),
+        _ => Ok(None),
     }
 }
 
@@ -578,7 +627,7 @@ fn detach_checked(
             .unpin()
             .map_err(|e| Error::bpf(format!("unpin {}", link.display()), e))?;
         drop(fd_link);
-    } else if check_held && program_alive(&dir)? {
+    } else if check_held && program_using(&dir)?.is_some() {
         return Err(Error::HeldByProcess {
             iface: iface.into(),
             dir: dir.display().to_string(),

@@ -8,8 +8,8 @@
 //! else passes. This crate owns loading it, configuring it, attaching it
 //! to an interface, pinning it in bpffs so that it outlives the process
 //! that attached it ([`gate`]), the sysctls it depends on ([`sysctl`]), the
-//! layout it shares with user space ([`abi`]) and reading its counters
-//! ([`stats`]). It does not own tlsgate's configuration file or its
+//! layout it shares with user space ([`abi`]), reading its counters
+//! ([`stats`]) and whether it is still attached ([`link`]). It does not own tlsgate's configuration file or its
 //! `/metrics` (the server wires those).
 //!
 //! No `unsafe`: aya does the BPF syscalls, values cross as byte arrays.
@@ -18,6 +18,7 @@
 pub mod abi;
 pub mod flood;
 pub mod gate;
+pub mod link;
 pub mod metrics;
 pub mod stats;
 pub mod sysctl;
@@ -26,6 +27,7 @@ pub use abi::{HostView, Mode};
 pub use gate::{
     attach, attach_held, cleanup_stale, detach, AttachOptions, Attachment, Detached, Held,
 };
+pub use link::{pinned_state, Link, LinkState};
 pub use stats::{stats, Stats};
 
 /// The compiled XDP object: the `syngate` program and, for the far end of
@@ -37,6 +39,9 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// 10.254.2.0/24 and fd00:254:2::/64, passes the rest.
 pub static SINK_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sink.bpf.o"));
+
+/// `EOPNOTSUPP`: a driver without native XDP (this crate has no libc).
+const EOPNOTSUPP: i32 = rustix::io::Errno::OPNOTSUPP.raw_os_error();
 
 /// Where SynGate pins its link and maps, one directory per interface.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/tlsgate";
@@ -123,6 +128,18 @@ pub enum Error {
         /// The end of the verifier's log.
         log: String,
     },
+    /// The kernel refused to attach the program to the interface.
+    #[error("attach XDP to {iface} in {mode} mode: {detail}{hint}")]
+    Attach {
+        /// The interface.
+        iface: String,
+        /// `native (driver)` or `generic (skb)`.
+        mode: &'static str,
+        /// The kernel's error.
+        detail: String,
+        /// What to try instead, when there is something (`""` or `"; ..."`).
+        hint: String,
+    },
     /// Any other BPF step that failed, named.
     #[error("{step}: {detail}")]
     Bpf {
@@ -134,6 +151,33 @@ pub enum Error {
 }
 
 impl Error {
+    /// Attaching to `iface` failed with `e`; in native mode the error says
+    /// how to ask for generic mode, which every Ethernet device runs.
+    fn attach(iface: &str, generic: bool, e: &std::io::Error) -> Error {
+        let hint = if generic {
+            String::new()
+        } else if e.raw_os_error() == Some(EOPNOTSUPP) {
+            format!(
+                "; the driver of {iface} has no native XDP (as bridges and many virtual devices): \
+                 use generic mode, `generic = true` in [xdp] (`tlsgate xdp attach --generic`)"
+            )
+        } else {
+            "; generic mode, `generic = true` in [xdp] (`tlsgate xdp attach --generic`), \
+             runs on every Ethernet device"
+                .to_string()
+        };
+        Error::Attach {
+            iface: iface.into(),
+            mode: if generic {
+                "generic (skb)"
+            } else {
+                "native (driver)"
+            },
+            detail: e.to_string(),
+            hint,
+        }
+    }
+
     fn bpf(step: impl Into<String>, e: impl std::fmt::Display) -> Error {
         Error::Bpf {
             step: step.into(),

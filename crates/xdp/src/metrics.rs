@@ -9,7 +9,8 @@
 //! `_flood` (1 in flood mode), `_flood_transitions_total{to="flood"|"peace"}`,
 //! `_top_source_syns{prefix}` (sampled, flood mode only) and
 //! `tlsgate_xdp_attached` (0 when the program could not be attached and
-//! `xdp.optional` let tlsgate run unprotected).
+//! `xdp.optional` let tlsgate run unprotected, and when the kernel has
+//! detached it since: its interface was deleted, see [`crate::link`]).
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -17,6 +18,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 
+use crate::link::{Link, LinkState};
 use crate::stats::{PinnedMaps, PortStats};
 use crate::Error;
 
@@ -24,16 +26,16 @@ use crate::Error;
 #[derive(Debug)]
 pub struct XdpCollector {
     iface: String,
-    maps: Option<PinnedMaps>,
+    maps: Option<(PinnedMaps, Link)>,
 }
 
 impl XdpCollector {
-    /// A collector for the attachment of `iface` under `pin_root`, its maps
-    /// opened now.
-    pub fn open(pin_root: &std::path::Path, iface: &str) -> Result<Self, Error> {
+    /// A collector for the attachment held as `link` (of its interface)
+    /// under `pin_root`, its maps opened now.
+    pub fn open(pin_root: &std::path::Path, link: Link) -> Result<Self, Error> {
         Ok(XdpCollector {
-            iface: iface.into(),
-            maps: Some(PinnedMaps::open(pin_root, iface)?),
+            iface: link.iface().into(),
+            maps: Some((PinnedMaps::open(pin_root, link.iface())?, link)),
         })
     }
 
@@ -72,11 +74,18 @@ fn family(
 
 impl Collector for XdpCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.maps.as_ref().and_then(|m| match m.stats() {
-            Ok(s) => Some(s),
-            Err(err) => {
-                tracing::warn!("XDP stats for /metrics: {err}");
-                None
+        let s = self.maps.as_ref().and_then(|(m, link)| {
+            // Attached only when the kernel says so.
+            let state = link.state().unwrap_or_else(|err| {
+                tracing::warn!("XDP SynGate state for /metrics: {err}");
+                LinkState::NotAttached
+            });
+            match m.stats(state) {
+                Ok(s) => Some(s),
+                Err(err) => {
+                    tracing::warn!("XDP stats for /metrics: {err}");
+                    None
+                }
             }
         });
         let iface = || ("interface", self.iface.clone());
@@ -85,7 +94,10 @@ impl Collector for XdpCollector {
             "xdp_attached",
             "1 when XDP SynGate is attached to the interface",
             MetricType::Gauge,
-            &[(vec![iface()], u64::from(s.is_some()))],
+            &[(
+                vec![iface()],
+                u64::from(s.as_ref().is_some_and(|s| s.attached)),
+            )],
         )?;
         let Some(s) = s else { return Ok(()) };
         let rows = |f: Pick<'_>| -> Vec<(Labels, u64)> {

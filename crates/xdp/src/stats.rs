@@ -8,6 +8,7 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 
 use crate::abi::{Config, Counters, HostView, State, CONFIG_SIZE, COUNTERS_SIZE, STATE_SIZE};
 use crate::gate::{chain, open_pinned, pin_dir};
+use crate::link::LinkState;
 use crate::sysctl::Sysctls;
 use crate::{Error, Mode};
 
@@ -37,6 +38,11 @@ pub struct Source {
 pub struct Stats {
     /// The interface.
     pub iface: String,
+    /// Whether SynGate answers SYNs on the interface now (the counters
+    /// stay readable after the kernel detached it).
+    pub attached: bool,
+    /// Where it stands: `attached (interface index 3)`, or why not.
+    pub link: String,
     /// The mode.
     pub mode: Mode,
     /// The window scale advertised in SYN-ACKs.
@@ -140,8 +146,9 @@ impl PinnedMaps {
         Ok(Some((old, host)))
     }
 
-    /// Reads the counters, flood state and top sources.
-    pub fn stats(&self) -> Result<Stats, Error> {
+    /// Reads the counters, flood state and top sources; `link` is where
+    /// SynGate stands, as its holder or [`crate::pinned_state`] found.
+    pub fn stats(&self, link: LinkState) -> Result<Stats, Error> {
         let config = self.config()?;
         let mut ports = Vec::new();
         for (slot, &port) in config.slot_ports.iter().enumerate() {
@@ -189,6 +196,8 @@ impl PinnedMaps {
 
         Ok(Stats {
             iface: self.iface.clone(),
+            attached: link.is_attached(),
+            link: link.to_string(),
             mode: config.mode,
             wscale: config.host.wscale,
             mss_ipv4: config.host.mss4,
@@ -204,13 +213,22 @@ impl PinnedMaps {
     }
 }
 
-/// Reads the stats of the attachment of `iface` under `pin_root`.
+/// Reads the stats of the attachment of `iface` under `pin_root`, and
+/// whether it is still attached (root only).
 pub fn stats(pin_root: &Path, iface: &str) -> Result<Stats, Error> {
-    PinnedMaps::open(pin_root, iface)?.stats()
+    let maps = PinnedMaps::open(pin_root, iface)?;
+    maps.stats(crate::link::pinned_state(pin_root, iface)?)
 }
 
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.attached {
+            writeln!(
+                f,
+                "XDP SynGate on {}: {}; the counters below are what it counted while attached",
+                self.iface, self.link
+            )?;
+        }
         writeln!(
             f,
             "XDP SynGate on {}: mode {}, t1 {} ms, t2 {} ms, window scale {}{}, MSS {}/{} (IPv4/IPv6){}",
