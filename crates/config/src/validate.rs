@@ -110,16 +110,96 @@ pub(crate) fn parse_toml(origin: &str, text: &str) -> Result<ConfigFile, ConfigE
     serde_path_to_error::deserialize(de).map_err(|e| {
         let key = e.path().to_string();
         let inner = e.into_inner();
-        let at = inner
-            .span()
+        let start = inner.span().map(|s| s.start.min(text.len()));
+        let at = start
             .map(|s| {
-                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                let line = text.get(..s).unwrap_or(text).matches('\n').count() + 1;
                 format!(" (line {line})")
             })
             .unwrap_or_default();
-        let key = if key == "." { String::new() } else { key };
-        ConfigError::new(origin, key, format!("{}{at}", inner.message().trim()))
+        // A value the TOML parser itself refuses (an integer past i64)
+        // fails before serde walks any key: the key is read off the text.
+        let key = match (key.as_str(), start) {
+            (".", Some(s)) => key_at(text, s).unwrap_or_default(),
+            (".", None) => String::new(),
+            _ => key,
+        };
+        let mut problem = inner.message().trim().to_string();
+        if problem.contains("number too large") {
+            problem.push_str(&format!("; expected an integer of at most {}", i64::MAX));
+        }
+        ConfigError::new(origin, key, format!("{problem}{at}"))
     })
+}
+
+/// The dotted key (as serde names it: `listener[1].offload_threshold`) of
+/// the `key = value` line holding byte `offset` of `text`: the last table
+/// header before it, `[[array]]` headers counted, and the line's key.
+/// `None` when the offset is not inside a `key = value` line.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset)?;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = &text[line_start..];
+    let line = &line[..line.find('\n').unwrap_or(line.len())];
+    let (name, _) = line.split_once('=')?;
+    let name: Vec<&str> = name
+        .split('.')
+        .map(|p| p.trim().trim_matches('"'))
+        .collect();
+    if name.iter().any(|p| p.is_empty() || p.starts_with('[')) {
+        return None;
+    }
+    // Header path with each [[array]] element's index: `listener[1].route[0]`.
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    let mut table = String::new();
+    for l in text[..line_start].lines().map(str::trim) {
+        let (array, header) = if let Some(h) = l.strip_prefix("[[") {
+            (true, h.split_once("]]").map(|(h, _)| h))
+        } else if let Some(h) = l.strip_prefix('[') {
+            (false, h.split_once(']').map(|(h, _)| h))
+        } else {
+            continue;
+        };
+        let Some(header) = header else { continue };
+        let parts: Vec<&str> = header
+            .split('.')
+            .map(|p| p.trim().trim_matches('"'))
+            .collect();
+        let mut path = String::new();
+        for (i, part) in parts.iter().enumerate() {
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(part);
+            let last = i + 1 == parts.len();
+            if last && array {
+                let n = match counts.iter_mut().find(|(p, _)| *p == path) {
+                    Some((_, n)) => {
+                        *n += 1;
+                        *n
+                    }
+                    None => {
+                        counts.push((path.clone(), 0));
+                        0
+                    }
+                };
+                // Nested arrays are counted under the indexed path
+                // (`listener[1].route`): each element's start at 0.
+                path.push_str(&format!("[{n}]"));
+            } else if let Some((_, n)) = counts.iter().find(|(p, _)| *p == path) {
+                path.push_str(&format!("[{n}]"));
+            }
+        }
+        table = path;
+    }
+    let mut key = table;
+    for part in name {
+        if !key.is_empty() {
+            key.push('.');
+        }
+        key.push_str(part);
+    }
+    Some(key)
 }
 
 fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigError> {
@@ -137,6 +217,40 @@ fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigErr
             self_signed: true,
             ..ListenerSection::default()
         });
+    }
+    // A flag's value is checked here, under the flag's name: once copied
+    // into the file's sections, an error would name the file and its key.
+    let flags = Checker { origin: FLAGS };
+    for a in &o.listen {
+        flags.addr("--listen", a)?;
+    }
+    if let Some(root) = &o.root {
+        if !root.is_dir() {
+            return Err(flags.err(
+                "--root",
+                format!("expected an existing directory, found {}", root.display()),
+            ));
+        }
+    }
+    for (flag, p) in [("--cert", &o.cert), ("--key", &o.key)] {
+        if let Some(p) = p
+            .as_ref()
+            .filter(|p| p.as_os_str().is_empty() || !p.is_file())
+        {
+            return Err(flags.err(
+                flag,
+                format!(
+                    "expected a readable PEM file, found {:?}",
+                    p.display().to_string()
+                ),
+            ));
+        }
+    }
+    if let Some(admin) = o.admin.as_deref().map(str::trim).filter(|a| !a.is_empty()) {
+        flags.addr("--admin", admin)?;
+    }
+    if let Some(w) = o.workers {
+        flags.within("--workers", w, 1, MAX_WORKERS)?;
     }
     if let Some(first) = file.listeners.first_mut() {
         if !o.listen.is_empty() {
@@ -160,17 +274,13 @@ fn apply_overrides(file: &mut ConfigFile, o: &Overrides) -> Result<(), ConfigErr
         file.admin.listen = admin.clone();
     }
     if let Some(w) = o.workers {
-        if w == 0 {
-            return Err(ConfigError::new(
-                FLAGS,
-                "--workers",
-                "expected a number of at least 1",
-            ));
-        }
         file.server.workers = w;
     }
     Ok(())
 }
+
+/// Most worker threads `server.workers` and `--workers` take.
+const MAX_WORKERS: usize = 1024;
 
 pub(crate) struct Checker<'a> {
     pub(crate) origin: &'a str,
@@ -247,7 +357,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
     let c = Checker { origin };
     let workers = match f.server.workers {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => c.within("server.workers", n, 1, 1024)?,
+        n => c.within("server.workers", n, 1, MAX_WORKERS)?,
     };
     let backlog = c.within("server.backlog", f.server.backlog, 1, 65535)?;
     let server_header = c.header_value("server.server_header", &f.server.server_header)?;
@@ -993,6 +1103,10 @@ names = ["example.com", "*.example.com"]
             ("[files]\nopen_file_cache_valid = \"2h\"\n", "files.open_file_cache_valid", "from 1ms to 1h"),
             ("[files]\nopen_file_cache = \"many\"\n", "files.open_file_cache", "expected usize"),
             ("[files]\nopen_file_cache_content_max = 65537\n", "files.open_file_cache_content_max", "65536"),
+            ("[limits]\nmax_body_bytes = 99999999999999999999\n", "limits.max_body_bytes", "at most 9223372036854775807 (line 2)"),
+            ("[limits]\nmax_header_bytes = 18446744073709551616\n", "limits.max_header_bytes", "at most 9223372036854775807"),
+            ("limits.max_body_bytes = 99999999999999999999\n", "limits.max_body_bytes", "at most"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n[[listener]]\nlisten = [\"127.0.0.1:2\"]\nroot = \"site\"\n[[listener.route]]\npath = \"/a/\"\nroot = \"site\"\n[[listener.route]]\npath = \"/b/\"\nroot = \"site\"\nmax_body_bytes = 99999999999999999999 # too big\n", "listener[1].route[1].max_body_bytes", "at most"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\noffload_threshold = \"64k\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].offload_threshold", "expected u64"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "\"10.0.0.0/33\" is not an address or network"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = \"10.0.0.0/8\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "expected a sequence"),

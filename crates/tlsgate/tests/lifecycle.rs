@@ -152,6 +152,56 @@ fn usage_errors_exit_2_and_nothing_is_half_started() {
     );
 }
 
+/// A value given by a flag is blamed on the flag, not on the file it
+/// overrides; an integer too large for TOML names its key.
+#[test]
+fn flag_errors_name_the_flag_and_an_overflowing_size_names_its_key() {
+    let fx = Fixture::new();
+    let p = fx.write_config(&fx.config("", ""));
+    let config = p.to_str().unwrap();
+    for (args, flag) in [
+        (&["--workers", "5000"][..], "--workers"),
+        (&["--admin", "bogus"][..], "--admin"),
+        (&["--listen", "nowhere"][..], "--listen"),
+        (&["--root", "/nonexistent/site"][..], "--root"),
+    ] {
+        let mut all = vec!["serve", "--config", config];
+        all.extend_from_slice(args);
+        let (code, _, err) = run(&all);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("command line: key `{flag}`")) && !err.contains("tlsgate.toml"),
+            "{args:?}: {err}"
+        );
+    }
+    let big = "99999999999999999999";
+    let route = format!(
+        "[[listener.route]]\npath = \"/other/\"\nroot = {:?}\nmax_body_bytes = {big}\n",
+        fx.root
+    );
+    for (top, extra, key) in [
+        (
+            format!("[limits]\nmax_body_bytes = {big}\n"),
+            String::new(),
+            "limits.max_body_bytes",
+        ),
+        (
+            format!("[files]\nopen_file_cache_content_max = {big}\n"),
+            String::new(),
+            "files.open_file_cache_content_max",
+        ),
+        (String::new(), route, "listener[0].route[0].max_body_bytes"),
+    ] {
+        let p = fx.write_config(&fx.config(&top, &extra));
+        let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{top}{extra}: {err}");
+        assert!(
+            err.contains(&format!("tlsgate.toml: key `{key}`")) && err.contains("at most"),
+            "{top}{extra}: {err}"
+        );
+    }
+}
+
 /// Fetches /hello.txt on a new connection; returns the leaf certificate.
 fn fetch_cert(addr: std::net::SocketAddr) -> Result<Vec<u8>, String> {
     let mut c = tls_connect_with(addr, "localhost", client_config(rustls::DEFAULT_VERSIONS))
