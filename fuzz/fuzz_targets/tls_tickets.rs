@@ -26,7 +26,7 @@ fn keys() -> &'static Arc<TicketKeys> {
             rotation: Duration::from_secs(3600),
             key_file: None,
         };
-        TicketKeys::with_clock(&policy, Arc::new(Quiet), Arc::new(|| 1_700_000_000)).unwrap()
+        TicketKeys::with_clock(&policy, None, Arc::new(Quiet), Arc::new(|| 1_700_000_000)).unwrap()
     })
 }
 

@@ -148,7 +148,7 @@ pub fn check(launch: &Launch) -> Result<Config, StartError> {
     let gen = generation::build(
         config,
         certs,
-        &TicketCache::checking(),
+        &TicketCache::checking(ids.map(|i| i.uid)),
         &metrics.proxy,
         None,
     )?;
@@ -198,7 +198,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let keys = Keys::start(&config, &launch)?;
     let certs = keys.certificates(&config, &[])?;
     let mut metrics = Metrics::new();
-    let tickets = TicketCache::serving(&metrics);
+    let tickets = TicketCache::serving(&metrics, ids.map(|i| i.uid));
     let gen = generation::build(config, certs, &tickets, &metrics.proxy, None)?;
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -14,6 +14,8 @@ use tlsgate_tls::{TicketKeyError, TicketKeys, TicketObserver};
 /// The keys in use and the settings they were made for.
 pub struct TicketCache {
     observer: Arc<dyn TicketObserver>,
+    /// `server.user`, who may own the key file besides root and us.
+    run_as: Option<u32>,
     state: Mutex<State>,
 }
 
@@ -25,10 +27,12 @@ struct State {
 }
 
 impl TicketCache {
-    /// Keys that are checked but never refreshed or counted (check-config).
-    pub fn checking() -> Self {
+    /// Keys that are checked but never refreshed or counted
+    /// (check-config); `run_as` is the user `server.user` names.
+    pub fn checking(run_as: Option<u32>) -> Self {
         Self {
             observer: Arc::new(tlsgate_tls::tickets::Quiet),
+            run_as,
             state: Mutex::new(State {
                 current: None,
                 threads: false,
@@ -37,10 +41,12 @@ impl TicketCache {
     }
 
     /// Keys for serving, counted in `metrics`; refreshed by their own
-    /// thread once [`start_threads`](Self::start_threads) was called.
-    pub fn serving(metrics: &Metrics) -> Self {
+    /// thread once [`start_threads`](Self::start_threads) was called;
+    /// `run_as` is the user `server.user` names.
+    pub fn serving(metrics: &Metrics, run_as: Option<u32>) -> Self {
         Self {
             observer: Arc::new(MetricsObserver::new(metrics)),
+            run_as,
             state: Mutex::new(State {
                 current: None,
                 threads: false,
@@ -79,7 +85,7 @@ impl TicketCache {
                 return Ok(Some(keys.clone()));
             }
         }
-        let keys = TicketKeys::new(policy, self.observer.clone())?;
+        let keys = TicketKeys::new(policy, self.run_as, self.observer.clone())?;
         if state.threads {
             keys.spawn_refresher()?;
         }

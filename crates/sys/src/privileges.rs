@@ -40,6 +40,11 @@ fn fail(step: impl Into<String>, problem: impl std::fmt::Display) -> PrivilegeEr
     }
 }
 
+/// The user id the process acts as (its effective uid).
+pub fn effective_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
 /// Resolves `user` (a name or a number) and `group` (default: the user's
 /// primary group) to ids.
 pub fn resolve(user: &str, group: Option<&str>) -> Result<Ids, PrivilegeError> {

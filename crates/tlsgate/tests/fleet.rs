@@ -419,9 +419,14 @@ fn a_bad_key_file_stops_the_start_naming_file_and_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
     ticket_keys(&["generate", keys.to_str().unwrap(), "--force"]);
+    check_config_passes(&cfg);
+}
+
+/// `tlsgate check-config CFG`; panics unless it passes.
+fn check_config_passes(cfg: &Path) {
     let out = Command::new(bin())
         .arg("check-config")
-        .arg(&cfg)
+        .arg(cfg)
         .output()
         .unwrap();
     assert!(
@@ -429,6 +434,72 @@ fn a_bad_key_file_stops_the_start_naming_file_and_key() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A key file another user owns, or one in a directory others may write
+/// (no sticky bit), is refused at start naming the file and what is wrong
+/// (OpenSSH's StrictModes); `server.user`'s own file is fine, and root
+/// may rotate it.
+#[test]
+fn a_key_file_another_user_could_change_stops_the_start_naming_what_is_wrong() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let fx = Fixture::new();
+    let dir = fx.path().join("keys.d");
+    std::fs::create_dir(&dir).unwrap();
+    let keys = dir.join("ticket.keys");
+    ticket_keys(&["generate", keys.to_str().unwrap()]);
+    let config = |top: &str| {
+        fx.write_config(&fx.config(&format!("{top}[tls]\nticket_key_file = {keys:?}\n"), ""))
+    };
+    let refused = |cfg: &Path, needle: &str| {
+        for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
+            let out = Command::new(bin()).args(cmd).arg(cfg).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+            assert!(
+                err.contains("tls.ticket_key_file")
+                    && err.contains(keys.to_str().unwrap())
+                    && err.contains(needle),
+                "{cmd:?}: wanted {needle:?} in {err}"
+            );
+            assert!(!err.contains("listening"), "nothing started: {err}");
+        }
+    };
+    let accepted = check_config_passes;
+    let cfg = config("");
+    accepted(&cfg);
+
+    // Another user's file: they could read or swap the keys.
+    std::os::unix::fs::chown(&keys, Some(4321), None).unwrap();
+    refused(&cfg, "owned by uid 4321");
+    // Root may rotate it (the new file stays theirs)...
+    ticket_keys(&["rotate", keys.to_str().unwrap()]);
+    assert_eq!(std::fs::metadata(&keys).unwrap().uid(), 4321);
+    // ...and it is fine when it is server.user's.
+    std::os::unix::fs::chown(&keys, Some(65534), None).unwrap();
+    accepted(&config("[server]\nuser = \"nobody\"\n"));
+    let cfg = config("");
+    refused(&cfg, "owned by uid 65534");
+    std::os::unix::fs::chown(&keys, Some(0), None).unwrap();
+
+    // A directory others may write: anyone could put a file in its place.
+    let mode = |m: u32| std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(m)).unwrap();
+    mode(0o777);
+    refused(
+        &cfg,
+        &format!("its directory {} has mode 0777", dir.display()),
+    );
+    mode(0o770);
+    refused(&cfg, "has mode 0770");
+    // The sticky bit lets no one replace another's file, as in /tmp.
+    mode(0o1777);
+    accepted(&cfg);
+    mode(0o755);
+    accepted(&cfg);
+    // generate and rotate still write files that pass.
+    ticket_keys(&["generate", "--force", keys.to_str().unwrap()]);
+    ticket_keys(&["rotate", keys.to_str().unwrap()]);
+    accepted(&cfg);
 }
 
 #[test]

@@ -8,7 +8,9 @@
 //!
 //! The first line is the version header; then one key per line, standard
 //! base64 of 32 random bytes; blank lines and `#` comments are ignored. The
-//! file must be a regular file that neither group nor others may access.
+//! file must be a regular file that neither group nor others may access,
+//! owned by root or the user tlsgate runs as, in directories that only
+//! they can change (OpenSSH's `StrictModes`).
 //!
 //! This module knows nothing of rustls: it reads and writes secrets, so a
 //! separate key process can own the file with the same code.
@@ -108,14 +110,105 @@ fn check_metadata(path: &Path, meta: &std::fs::Metadata) -> Result<(), KeyFileEr
     Ok(())
 }
 
-/// Reads and checks a key file: the keys in order, the encrypting one first.
-pub fn read(path: &Path) -> Result<Vec<Secret>, KeyFileError> {
+/// Who may own a key file and the directories that lead to it: root, the
+/// user this process acts as, and `run_as` (`server.user`, which the file
+/// is read as after a start as root).
+fn trusted_owners(run_as: Option<u32>) -> [u32; 3] {
+    let me = tlsgate_sys::privileges::effective_uid();
+    [0, me, run_as.unwrap_or(me)]
+}
+
+fn owners_text(owners: &[u32; 3]) -> String {
+    let mut ids: Vec<u32> = owners.to_vec();
+    ids.dedup();
+    let ids: Vec<String> = ids.iter().map(|u| format!("uid {u}")).collect();
+    ids.join(" or ")
+}
+
+/// Refuses a key file owned by another user (they could read or replace
+/// the keys whatever its mode), and one in a directory that another user
+/// can change: its owner, or anyone with group or other write permission
+/// and no sticky bit, could put a file of their own keys in its place.
+/// Every directory from the file up to `/` is checked, along the path as
+/// given and along the path its symlinks lead to.
+fn check_ownership(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    run_as: Option<u32>,
+) -> Result<(), KeyFileError> {
+    let owners = trusted_owners(run_as);
+    if !owners.contains(&meta.uid()) {
+        return Err(fail(
+            path,
+            format!(
+                "owned by uid {}, which is neither root nor the user tlsgate runs as; \
+                 expected a file owned by {} (chown)",
+                meta.uid(),
+                owners_text(&owners)
+            ),
+        ));
+    }
+    let given =
+        std::path::absolute(path).map_err(|e| fail(path, format!("cannot resolve: {e}")))?;
+    let resolved =
+        std::fs::canonicalize(path).map_err(|e| fail(path, format!("cannot resolve: {e}")))?;
+    let mut seen: Vec<&Path> = Vec::new();
+    for dir in [given.parent(), resolved.parent()]
+        .into_iter()
+        .flatten()
+        .flat_map(Path::ancestors)
+    {
+        if seen.contains(&dir) {
+            continue;
+        }
+        seen.push(dir);
+        let d = std::fs::metadata(dir).map_err(|e| {
+            fail(
+                path,
+                format!("cannot stat its directory {}: {e}", dir.display()),
+            )
+        })?;
+        let mode = d.permissions().mode() & 0o7777;
+        if !owners.contains(&d.uid()) {
+            return Err(fail(
+                path,
+                format!(
+                    "its directory {} is owned by uid {}, who could replace the key file; \
+                     expected directories owned by {}",
+                    dir.display(),
+                    d.uid(),
+                    owners_text(&owners)
+                ),
+            ));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(fail(
+                path,
+                format!(
+                    "its directory {} has mode {:04o}: group or others may write there \
+                     and replace the key file; expected no group or other write \
+                     permission, or the sticky bit (chmod go-w {})",
+                    dir.display(),
+                    mode,
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads and checks a key file: the keys in order, the encrypting one
+/// first. `run_as` is a user besides root and this process's own that
+/// may own the file (`server.user`).
+pub fn read(path: &Path, run_as: Option<u32>) -> Result<Vec<Secret>, KeyFileError> {
     let mut f = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
     // Checked on the open file, so a swap after the check changes nothing.
     let meta = f
         .metadata()
         .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
     check_metadata(path, &meta)?;
+    check_ownership(path, &meta, run_as)?;
     let mut raw = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
     (&mut f)
         .take(MAX_FILE_BYTES + 1)
@@ -323,10 +416,13 @@ pub fn rotate(path: &Path, keep: usize) -> Result<Rotated, KeyFileError> {
     }
     let target = followed(path)?;
     let lock = lock_current(&target)?;
-    let old = read(&target)?;
     let meta = lock
         .metadata()
         .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+    // Root may rotate the file of the user a server runs as (the new file
+    // keeps that owner); anyone else only their own or root's.
+    let root = tlsgate_sys::privileges::effective_uid() == 0;
+    let old = read(&target, root.then_some(meta.uid()))?;
     let mut keys = Vec::with_capacity(old.len() + 1);
     keys.push(Secret::generate().map_err(|e| fail(path, e.problem))?);
     keys.extend(old);
@@ -365,13 +461,13 @@ mod tests {
             .unwrap()
             .file_type()
             .is_symlink());
-        assert_eq!(read(&shared).unwrap().len(), 3);
+        assert_eq!(read(&shared, None).unwrap().len(), 3);
         generate(&link, 1, true).unwrap();
         assert!(std::fs::symlink_metadata(&link)
             .unwrap()
             .file_type()
             .is_symlink());
-        assert_eq!(read(&shared).unwrap().len(), 1);
+        assert_eq!(read(&shared, None).unwrap().len(), 1);
         assert_eq!(mode(&shared), 0o600);
     }
 
@@ -395,7 +491,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let keys = read(&p).unwrap();
+        let keys = read(&p, None).unwrap();
         assert_eq!(keys.len(), 1 + 8 * 3);
     }
 
@@ -405,7 +501,7 @@ mod tests {
         let p = dir.path().join("keys");
         generate(&p, 2, false).unwrap();
         assert_eq!(mode(&p), 0o600);
-        let first = read(&p).unwrap();
+        let first = read(&p, None).unwrap();
         assert_eq!(first.len(), 2);
         assert_ne!(first[0].expose(), first[1].expose());
         let e = generate(&p, 1, false).unwrap_err();
@@ -419,7 +515,7 @@ mod tests {
                 dropped: 0
             }
         );
-        let second = read(&p).unwrap();
+        let second = read(&p, None).unwrap();
         assert_eq!(second[1].expose(), first[0].expose(), "new key in front");
         assert_eq!(second[2].expose(), first[1].expose());
         let r = rotate(&p, 2).unwrap();
@@ -430,7 +526,7 @@ mod tests {
                 dropped: 2
             }
         );
-        let third = read(&p).unwrap();
+        let third = read(&p, None).unwrap();
         assert_eq!(third[1].expose(), second[0].expose());
         assert_eq!(mode(&p), 0o600);
         // No temporary files left behind.
@@ -443,7 +539,7 @@ mod tests {
         let p = dir.path().join("keys");
         generate(&p, 1, false).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
-        let e = read(&p).unwrap_err();
+        let e = read(&p, None).unwrap_err();
         assert_eq!(e.path, p);
         assert!(e.to_string().contains("0640"), "{e}");
         assert!(e.to_string().contains("chmod 600"), "{e}");
@@ -451,8 +547,78 @@ mod tests {
             rotate(&p, 2).is_err(),
             "rotate reads through the same check"
         );
-        let e = read(dir.path()).unwrap_err();
+        let e = read(dir.path(), None).unwrap_err();
         assert!(e.problem.contains("regular file"), "{e}");
+    }
+
+    /// Like OpenSSH's StrictModes: a file another user owns, or one in a
+    /// directory another user can change, is refused naming what is wrong.
+    #[test]
+    fn a_file_or_directory_others_could_change_is_refused_naming_it() {
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("keys.d");
+        std::fs::create_dir(&sub).unwrap();
+        let p = sub.join("keys");
+        generate(&p, 1, false).unwrap();
+        for (m, ok) in [
+            (0o777, false),
+            (0o775, false),
+            (0o757, false),
+            (0o1777, true),
+            (0o755, true),
+            (0o700, true),
+        ] {
+            set(&sub, m);
+            match read(&p, None) {
+                Ok(_) => assert!(ok, "{m:o} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{m:o}: {e}");
+                    assert_eq!(e.path, p);
+                    assert!(
+                        e.problem
+                            .contains(&format!("{} has mode {m:04o}", sub.display())),
+                        "{e}"
+                    );
+                    assert!(e.problem.contains("chmod go-w"), "{e}");
+                }
+            }
+        }
+        // A link in a directory anyone may write is as good as the file.
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        set(&open, 0o777);
+        let link = open.join("keys");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        let e = read(&link, None).unwrap_err();
+        assert!(
+            e.problem
+                .contains(&format!("{} has mode 0777", open.display())),
+            "{e}"
+        );
+        if tlsgate_sys::privileges::effective_uid() != 0 {
+            return; // chown below needs root
+        }
+        let chown = |p: &Path, uid: u32| std::os::unix::fs::chown(p, Some(uid), None).unwrap();
+        chown(&p, 4321);
+        let e = read(&p, None).unwrap_err();
+        assert!(e.problem.contains("owned by uid 4321"), "{e}");
+        assert!(e.problem.contains("expected a file owned by uid 0"), "{e}");
+        // server.user's own file is fine, and root may rotate it.
+        assert_eq!(read(&p, Some(4321)).unwrap().len(), 1);
+        assert_eq!(rotate(&p, 3).unwrap().kept, 2);
+        assert_eq!(std::fs::metadata(&p).unwrap().uid(), 4321);
+        chown(&p, 0);
+        chown(&sub, 4321);
+        let e = read(&p, None).unwrap_err();
+        assert!(
+            e.problem
+                .contains(&format!("{} is owned by uid 4321", sub.display())),
+            "{e}"
+        );
+        assert!(read(&p, Some(4321)).is_ok());
     }
 
     #[test]

@@ -116,6 +116,8 @@ enum Source {
     },
     File {
         path: PathBuf,
+        /// `server.user`, who may own the file besides root and us.
+        run_as: Option<u32>,
         /// The file version last read (or tried).
         seen: Mutex<Option<FileStamp>>,
     },
@@ -152,8 +154,8 @@ fn derive(secret: &Secret, since: u64) -> Result<Arc<TicketKey>, TicketKeyError>
         .map_err(|()| TicketKeyError::Crypto("key derivation failed"))
 }
 
-fn load_file(path: &Path) -> Result<Ring, TicketKeyError> {
-    file::read(path)?
+fn load_file(path: &Path, run_as: Option<u32>) -> Result<Ring, TicketKeyError> {
+    file::read(path, run_as)?
         .iter()
         .map(|s| derive(s, 0))
         .collect::<Result<Ring, _>>()
@@ -161,17 +163,21 @@ fn load_file(path: &Path) -> Result<Ring, TicketKeyError> {
 
 impl TicketKeys {
     /// Sets up the keys `policy` asks for: the key file is read now (any
-    /// problem is an error), or a first key is made in memory.
+    /// problem is an error), or a first key is made in memory. `run_as`
+    /// (`server.user`) may own the key file, as may root and this process's
+    /// own user.
     pub fn new(
         policy: &SessionTickets,
+        run_as: Option<u32>,
         observer: Arc<dyn TicketObserver>,
     ) -> Result<Arc<Self>, TicketKeyError> {
-        Self::with_clock(policy, observer, system_clock())
+        Self::with_clock(policy, run_as, observer, system_clock())
     }
 
     /// [`new`](Self::new) with a given clock (tests).
     pub fn with_clock(
         policy: &SessionTickets,
+        run_as: Option<u32>,
         observer: Arc<dyn TicketObserver>,
         clock: Clock,
     ) -> Result<Arc<Self>, TicketKeyError> {
@@ -179,11 +185,12 @@ impl TicketKeys {
         let (ring, source) = match &policy.key_file {
             Some(path) => {
                 let seen = stamp(path);
-                let ring = load_file(path)?;
+                let ring = load_file(path, run_as)?;
                 (
                     ring,
                     Source::File {
                         path: path.clone(),
+                        run_as,
                         seen: Mutex::new(seen),
                     },
                 )
@@ -229,7 +236,7 @@ impl TicketKeys {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match &self.source {
             Source::Memory { rotation } => self.refresh_memory(*rotation),
-            Source::File { path, seen } => {
+            Source::File { path, run_as, seen } => {
                 let now = stamp(path);
                 let mut seen = seen
                     .lock()
@@ -237,7 +244,7 @@ impl TicketKeys {
                 if *seen != now {
                     // Recorded before reading: a change during the read is seen next time.
                     *seen = now;
-                    self.reload_file(path);
+                    self.reload_file(path, *run_as);
                 }
             }
         }
@@ -293,8 +300,8 @@ impl TicketKeys {
         }
     }
 
-    fn reload_file(&self, path: &Path) {
-        match load_file(path) {
+    fn reload_file(&self, path: &Path, run_as: Option<u32>) {
+        match load_file(path, run_as) {
             Ok(ring) => {
                 tracing::info!(
                     "ticket keys reloaded from {}: {} keys, encrypting with key {}",

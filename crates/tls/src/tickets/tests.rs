@@ -83,6 +83,7 @@ fn memory(lifetime: u64, rotation: u64, hand: &Hand) -> (Arc<TicketKeys>, Arc<Co
     let counts = Arc::new(Counts::default());
     let keys = TicketKeys::with_clock(
         &policy(lifetime, rotation, None),
+        None,
         counts.clone(),
         hand.clock(),
     )
@@ -246,8 +247,8 @@ fn key_file_first_encrypts_all_decrypt_and_reload_on_change() {
     let hand = Hand::at(1_000_000);
     let counts = Arc::new(Counts::default());
     let p = policy(3600, 3600, Some(path.clone()));
-    let a = TicketKeys::with_clock(&p, counts.clone(), hand.clock()).unwrap();
-    let b = TicketKeys::with_clock(&p, Arc::new(Quiet), hand.clock()).unwrap();
+    let a = TicketKeys::with_clock(&p, None, counts.clone(), hand.clock()).unwrap();
+    let b = TicketKeys::with_clock(&p, None, Arc::new(Quiet), hand.clock()).unwrap();
     let old = a.seal(CX, STATE).unwrap();
     assert_eq!(b.open(CX, &old).unwrap(), STATE, "a fleet shares keys");
 
@@ -273,7 +274,7 @@ fn key_file_first_encrypts_all_decrypt_and_reload_on_change() {
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     a.refresh();
     assert_eq!(n(&counts.reload_err), 2);
-    let e = TicketKeys::new(&p, Arc::new(Quiet)).unwrap_err();
+    let e = TicketKeys::new(&p, None, Arc::new(Quiet)).unwrap_err();
     assert!(e.to_string().contains(&*path.to_string_lossy()), "{e}");
     // Gone: reported, keys stay.
     std::fs::remove_file(&path).unwrap();
