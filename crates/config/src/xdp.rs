@@ -44,16 +44,21 @@ pub(crate) fn validate(
 ) -> Result<Option<Xdp>, ConfigError> {
     let Some(x) = section else { return Ok(None) };
     let interface = x.interface.trim().to_string();
+    // What the kernel takes (dev_valid_name: no '/', ':' or white space),
+    // less what /metrics would have to escape in its `interface` label: a
+    // name with a quote or backslash is refused here rather than exported.
     if interface.is_empty()
         || interface.len() > 15
-        || interface.contains(['/', '\0', ' '])
+        || !interface
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b':' | b'"' | b'\\'))
         || interface == "."
         || interface == ".."
     {
         return Err(c.err(
             "xdp.interface",
             format!(
-                "expected a network interface name like \"eth0\" (1 to 15 bytes), found {:?}",
+                "expected a network interface name like \"eth0\" (1 to 15 visible ASCII bytes, none of / : \" \\), found {:?}",
                 x.interface
             ),
         ));
@@ -179,6 +184,10 @@ mod tests {
         for (text, key) in [
             ("[xdp]\n", "xdp.interface"),
             ("[xdp]\ninterface = \"a/b\"\n", "xdp.interface"),
+            ("[xdp]\ninterface = \"a\\\"b\"\n", "xdp.interface"),
+            ("[xdp]\ninterface = \"a\\\\b\"\n", "xdp.interface"),
+            ("[xdp]\ninterface = \"a\\nb\"\n", "xdp.interface"),
+            ("[xdp]\ninterface = \"a:1\"\n", "xdp.interface"),
             (
                 "[xdp]\ninterface = \"eth0\"\nmode = \"sometimes\"\n",
                 "xdp.mode",

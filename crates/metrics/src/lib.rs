@@ -3,7 +3,9 @@
 //! updates are lock-free atomics except the first use of a new label set.
 #![forbid(unsafe_code)]
 
-use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::encoding::{
+    text::encode, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -23,6 +25,51 @@ pub mod types {
     pub use prometheus_client::metrics::{
         counter::Counter, family::Family, gauge::Gauge, histogram::Histogram,
     };
+}
+
+/// A label value that comes from outside the program (the configuration,
+/// the kernel), escaped as the text format asks: `\\`, `\"` and `\n`.
+/// prometheus-client 0.23 writes label values as they are, so a quote
+/// would end the value early and a newline start a line of the writer's
+/// choosing: `/metrics` that no scraper parses. Values the program writes
+/// itself (`&'static str`) need none of this.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct LabelText(String);
+
+impl LabelText {
+    /// The value as given, unescaped.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for LabelText {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for LabelText {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
+}
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        let mut rest = self.0.as_str();
+        while let Some(i) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..i])?;
+            encoder.write_str(match rest.as_bytes()[i] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        encoder.write_str(rest)
+    }
 }
 
 /// Labels of a completed handshake.
@@ -108,7 +155,7 @@ pub struct PathLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CounterLabel {
     /// The kernel's name, e.g. `TlsTxSw`.
-    pub counter: String,
+    pub counter: LabelText,
 }
 
 /// Every metric of the server.
@@ -476,6 +523,29 @@ impl Metrics {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Label values from the configuration or the kernel are escaped as
+    /// the text format asks; prometheus-client writes them as they are.
+    #[test]
+    fn label_values_from_outside_are_escaped() {
+        let m = Metrics::new();
+        let _s = m.proxy.server(ServerLabels {
+            pool: "a\"b".into(),
+            server: "c\\d\ne:80".into(),
+        });
+        m.kernel_tls
+            .get_or_create(&CounterLabel {
+                counter: "Tls\"Tx".into(),
+            })
+            .set(1);
+        let text = m.render();
+        assert!(
+            text.contains(r#"{pool="a\"b",server="c\\d\ne:80"}"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"{counter="Tls\"Tx"} 1"#), "{text}");
+        assert!(!text.contains("d\ne"), "a raw newline in a value: {text}");
+    }
 
     #[test]
     fn renders_labelled_counters_and_histograms() {

@@ -15,22 +15,24 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::LabelText;
+
 /// One upstream server of one pool.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerLabels {
     /// The pool's name.
-    pub pool: String,
+    pub pool: LabelText,
     /// The server's address as configured.
-    pub server: String,
+    pub server: LabelText,
 }
 
 /// A failure talking to one server, by kind.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ServerErrorLabels {
     /// The pool's name.
-    pub pool: String,
+    pub pool: LabelText,
     /// The server's address as configured.
-    pub server: String,
+    pub server: LabelText,
     /// `connect`, `connect_timeout`, `tls`, `reset`, `response_timeout`,
     /// `bad_response`, `idle_timeout`, `total_timeout`, `truncated`.
     pub kind: &'static str,
@@ -40,9 +42,9 @@ pub struct ServerErrorLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResolutionLabels {
     /// The pool's name.
-    pub pool: String,
+    pub pool: LabelText,
     /// The server's address as configured.
-    pub server: String,
+    pub server: LabelText,
     /// `changed`, `unchanged` or `failed` (the last address is kept).
     pub result: &'static str,
 }
@@ -51,14 +53,14 @@ pub struct ResolutionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabel {
     /// The pool's name.
-    pub pool: String,
+    pub pool: LabelText,
 }
 
 /// An error answer of the proxy (502, 503, 504) and why.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyErrorLabels {
     /// The pool's name.
-    pub pool: String,
+    pub pool: LabelText,
     /// 502, 503 or 504.
     pub status: u16,
     /// The same reason as the access log's.
@@ -138,10 +140,8 @@ impl ProxyMetrics {
     /// The series of pool `name`, as [`ProxyMetrics::server`].
     pub fn pool(&self, name: &str) -> PoolSeries {
         let mut live = self.live();
-        live.pools.hold(name.to_string());
-        let label = PoolLabel {
-            pool: name.to_string(),
-        };
+        live.pools.hold(name.into());
+        let label = PoolLabel { pool: name.into() };
         PoolSeries {
             metrics: self.clone(),
             label,
@@ -202,7 +202,7 @@ impl ProxyMetrics {
 #[derive(Debug, Default)]
 struct Live {
     servers: Users<ServerLabels, Extra>,
-    pools: Users<String, (u16, &'static str)>,
+    pools: Users<LabelText, (u16, &'static str)>,
 }
 
 /// A server's counters with a label of their own.

@@ -148,8 +148,8 @@ impl Pool {
             .iter()
             .map(|s| {
                 let labels = ServerLabels {
-                    pool: cfg.name.clone(),
-                    server: s.address.clone(),
+                    pool: cfg.name.as_str().into(),
+                    server: s.address.as_str().into(),
                 };
                 let known = previous.and_then(|p| p.learnt(&s.address, epoch));
                 let check_ok = cfg.health_check.is_none() || known.is_none_or(|k| k.check_ok);

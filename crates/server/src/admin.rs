@@ -146,7 +146,9 @@ fn export_kernel_tls(m: &tlsgate_metrics::Metrics) {
     if let Ok(Some(counters)) = tlsgate_sys::ktls::read_stat() {
         for (counter, value) in counters {
             m.kernel_tls
-                .get_or_create(&tlsgate_metrics::CounterLabel { counter })
+                .get_or_create(&tlsgate_metrics::CounterLabel {
+                    counter: counter.into(),
+                })
                 .set(i64::try_from(value).unwrap_or(i64::MAX));
         }
     }

@@ -1288,6 +1288,69 @@ fn sighup_changes_a_pool_while_a_client_loops_without_a_failure() {
     assert_eq!(body_text(&get(&mut s, "/id", "").unwrap()), "b");
 }
 
+/// Every label value that comes from the configuration reaches /metrics
+/// as the OpenMetrics text format allows, read by the Prometheus project's
+/// own parser (python3-prometheus-client); a name that would need escaping
+/// where tlsgate does not escape is refused at load, naming its key.
+#[test]
+fn metrics_with_configured_names_parse_and_names_that_would_break_them_are_refused() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let port = a.addr.port();
+    let servers = [(a.address(), 1), (format!("localhost:{port}"), 1)];
+    let pools = pool("app-1.x_y", &servers, "", "");
+    let server = start(&fx, "", &pools, &route("/", "app-1.x_y", ""));
+    let mut s = tls_connect(server.addr);
+    for _ in 0..4 {
+        assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
+    }
+    let text = server.admin_get("/metrics");
+    let body = &text[text.find("\r\n\r\n").map_or(0, |i| i + 4)..];
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+        n = 0\n\
+        for f in parse(sys.stdin.read()):\n\
+        \x20   for s in f.samples:\n\
+        \x20       if s.labels.get('pool') == 'app-1.x_y': n += 1\n\
+        print(n)\n";
+    let mut py = Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 with python3-prometheus-client (./dev setup installs it)");
+    py.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the parser refused /metrics: {said}\n{body}"
+    );
+    assert!(said.trim().parse::<u32>().unwrap() > 10, "{said}");
+
+    // Names /metrics would have to escape: refused, naming the key.
+    let bad_xdp = "[xdp]\ninterface = \"et\\\"h0\"\nports = [443]\noptional = true\n";
+    let bad_pool = pool("a\"b", &servers, "", "");
+    for (top, extra, key) in [
+        (bad_xdp.to_string(), String::new(), "xdp.interface"),
+        (bad_pool, route("/", "a\"b", ""), "upstream[0].name"),
+    ] {
+        let path = fx.write_config(&fx.config(&top, &extra));
+        let o = Command::new(common::bin())
+            .args(["check-config", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{top}: {err}");
+        assert!(
+            err.contains(&format!("tlsgate.toml: key `{key}`")),
+            "{top}: {err}"
+        );
+    }
+}
+
 #[test]
 fn check_config_names_the_file_and_key_of_a_bad_pool() {
     let fx = Fixture::new();
