@@ -168,6 +168,10 @@ pub struct Metrics {
     pub connections_total: Counter,
     /// Connections closed at accept by a limit.
     pub connections_rejected: Family<ReasonLabel, Counter>,
+    /// Failed accept() calls: `descriptors` (EMFILE, ENFILE) and `memory`
+    /// (ENOMEM, ENOBUFS) pause the listener, `connection` (one that was
+    /// aborted before it was accepted) does not, `other` pauses too.
+    pub accept_errors: Family<ReasonLabel, Counter>,
     /// PROXY protocol headers from trusted balancers: `result` is the
     /// version read ("v1", "v2") or why the connection was closed.
     pub proxy_protocol_headers: Family<ResultLabel, Counter>,
@@ -256,6 +260,7 @@ impl Metrics {
             connections_open: Gauge::default(),
             connections_total: Counter::default(),
             connections_rejected: Family::default(),
+            accept_errors: Family::default(),
             proxy_protocol_headers: Family::default(),
             handshakes: Family::default(),
             handshake_failures: Family::default(),
@@ -308,6 +313,11 @@ impl Metrics {
             "connections_rejected",
             "Connections refused at accept by a limit",
             m.connections_rejected.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accept() calls, by reason; all but connection pause the listener 100 ms",
+            m.accept_errors.clone(),
         );
         r.register(
             "proxy_protocol_headers",

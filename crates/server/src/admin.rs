@@ -34,9 +34,14 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
         let Ok(permit) = connections.clone().acquire_owned().await else {
             return;
         };
-        let Ok((sock, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let sock = match listener.accept().await {
+            Ok((sock, _)) => sock,
+            Err(e) => {
+                if let Some(pause) = crate::worker::accept_failed(&shared, &e) {
+                    tokio::time::sleep(pause).await;
+                }
+                continue;
+            }
         };
         let shared = shared.clone();
         let answering = answering.clone();

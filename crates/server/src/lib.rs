@@ -106,6 +106,8 @@ pub struct Shared {
     proxy_header_warnings: refusals::RefusalWarnings,
     /// Requests answered 503 for want of a file descriptor.
     descriptor_warnings: refusals::RefusalWarnings,
+    /// accept() calls that failed and paused a listener.
+    accept_warnings: refusals::RefusalWarnings,
     /// Access log writer.
     pub access_log: AccessLog,
     /// Becomes true when shutdown starts.
@@ -282,6 +284,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         refusals: refusals::RefusalWarnings::default(),
         proxy_header_warnings: refusals::RefusalWarnings::default(),
         descriptor_warnings: refusals::RefusalWarnings::default(),
+        accept_warnings: refusals::RefusalWarnings::default(),
         access_log,
         shutdown,
         ktls,

@@ -82,6 +82,21 @@ impl RefusalWarnings {
         Some(n)
     }
 
+    /// Notes an accept() that failed and paused its listener, and warns
+    /// when the interval allows: the error repeats every pause for as
+    /// long as the process is out of descriptors or memory.
+    pub fn accept_paused(&self, why: &impl std::fmt::Display) -> Option<u64> {
+        let n = self.due()?;
+        tracing::warn!(
+            failed = n,
+            "accept: {why}; new connections wait in the listen backlog, each listener \
+             trying again every 100 ms ({n} failed accepts since the last such warning); \
+             lower [limits] max_connections or [files] open_file_cache, or raise RLIMIT_NOFILE: \
+             see docs/config.md"
+        );
+        Some(n)
+    }
+
     /// Counts one; `Some(n)` when a warning is due now, covering `n`.
     fn due(&self) -> Option<u64> {
         self.since.fetch_add(1, Ordering::Relaxed);

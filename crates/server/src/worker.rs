@@ -112,16 +112,11 @@ async fn accept_loop(
         let (sock, peer) = match accepted {
             Ok(x) => x,
             Err(e) => {
-                // Out of descriptors (EMFILE, ENFILE) or memory (ENOMEM,
-                // ENOBUFS): back off instead of spinning. Anything else
-                // (ECONNABORTED...) concerns one connection only.
-                const EMFILE: i32 = 24;
-                const ENFILE: i32 = 23;
-                const ENOMEM: i32 = 12;
-                const ENOBUFS: i32 = 105;
-                if matches!(e.raw_os_error(), Some(EMFILE | ENFILE | ENOMEM | ENOBUFS)) {
-                    tracing::warn!("accept: {e}; pausing 50 ms");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                if let Some(pause) = accept_failed(&shared, &e) {
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        _ = shutdown.changed() => return,
+                    }
                 }
                 continue;
             }
@@ -171,6 +166,56 @@ async fn accept_loop(
             // Dropping the socket closes it: nothing read, no TLS work.
             Err(reason) => refuse(&shared, peer.ip(), reason),
         }
+    }
+}
+
+/// How long a listener rests after accept() failed for want of a
+/// descriptor or memory (nginx pauses accepting likewise). The condition
+/// lasts until connections close, the connection stays in the backlog,
+/// and tokio reports the listener ready again at once: retried at once,
+/// accept() would fail in a loop at 100 % CPU.
+pub(crate) const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+
+/// What a failed accept() calls for: counted in `tlsgate_accept_errors_total`,
+/// warned about (rate-limited) and the pause to take, or `None` when the
+/// error concerned one connection only and the next may be accepted at once.
+pub(crate) fn accept_failed(shared: &Shared, e: &io::Error) -> Option<Duration> {
+    let reason = accept_error_reason(e);
+    shared
+        .metrics
+        .accept_errors
+        .get_or_create(&ReasonLabel { reason })
+        .inc();
+    if reason == "connection" {
+        return None;
+    }
+    shared.accept_warnings.accept_paused(e);
+    Some(ACCEPT_PAUSE)
+}
+
+/// The `reason` label of a failed accept().
+fn accept_error_reason(e: &io::Error) -> &'static str {
+    const ENOMEM: i32 = 12;
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    const EPROTO: i32 = 71;
+    const ENOBUFS: i32 = 105;
+    match (e.raw_os_error(), e.kind()) {
+        (Some(EMFILE | ENFILE), _) => "descriptors",
+        (Some(ENOMEM | ENOBUFS), _) => "memory",
+        // The connection went before it was accepted (accept(2): also
+        // EPROTO, and EPERM from a firewall rule): the next one may be fine.
+        (Some(EPROTO), _)
+        | (
+            _,
+            io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+            | io::ErrorKind::PermissionDenied,
+        ) => "connection",
+        // Unknown, perhaps lasting: paused too, so it cannot spin.
+        _ => "other",
     }
 }
 
@@ -229,4 +274,28 @@ fn source_prefixes(limits: &tlsgate_config::Limits) -> (u8, u8) {
         limits.handshake.source_prefix_v4,
         limits.handshake.source_prefix_v6,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_errors_that_last_pause_and_those_of_one_connection_do_not() {
+        let os = io::Error::from_raw_os_error;
+        for (errno, reason) in [
+            (24, "descriptors"), // EMFILE
+            (23, "descriptors"), // ENFILE
+            (12, "memory"),      // ENOMEM
+            (105, "memory"),     // ENOBUFS
+            (103, "connection"), // ECONNABORTED
+            (71, "connection"),  // EPROTO
+            (1, "connection"),   // EPERM
+            (4, "connection"),   // EINTR
+            (22, "other"),       // EINVAL
+            (9, "other"),        // EBADF
+        ] {
+            assert_eq!(accept_error_reason(&os(errno)), reason, "errno {errno}");
+        }
+    }
 }

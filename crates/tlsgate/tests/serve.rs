@@ -858,6 +858,131 @@ fn spellings_of_one_file_share_one_descriptor_under_a_low_fd_limit() {
     drop(c);
 }
 
+/// Descriptors the servers below may hold: few enough to reach with
+/// idle connections.
+const FD_LIMIT: usize = 256;
+
+/// A server of one worker under `prlimit --nofile=256:256`, whose limits
+/// let one source hold hundreds of idle connections (they are what runs
+/// it out of descriptors here), and a keep-alive client that got
+/// /hello.txt before the limit was reached.
+fn server_near_its_fd_limit(fx: &Fixture) -> (Server, TlsStream) {
+    let config = fx.write_config(&fx.config(
+        "[server]\nworkers = 1\ndefer_accept = \"0s\"\n\
+         [limits]\nhandshake_timeout = \"60s\"\nhandshake_rate_per_source = 0\n\
+         max_handshakes_per_source = 0\nmax_handshakes_in_progress = 0\n",
+        "",
+    ));
+    let limit = format!("--nofile={FD_LIMIT}:{FD_LIMIT}");
+    let s = Server::spawn_under(
+        &["prlimit", &limit, "--"],
+        &["serve", "--config", config.to_str().unwrap()],
+    );
+    let mut c = tls_connect(s.addr);
+    assert_eq!(upstream::get(&mut c, "/hello.txt", "").unwrap().status, 200);
+    (s, c)
+}
+
+/// Idle TCP connections to `s` until every descriptor of the process is
+/// in use (the rest wait in the listen backlog).
+fn exhaust_fds(s: &Server) -> Vec<std::net::TcpStream> {
+    let mut idle = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open_fds(s.pid()) < FD_LIMIT {
+        for _ in 0..16 {
+            idle.push(std::net::TcpStream::connect(s.addr).unwrap());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} descriptors with {} connections",
+            open_fds(s.pid()),
+            idle.len()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Some more, left in the backlog for the accept loop to fail on.
+    for _ in 0..32 {
+        idle.push(std::net::TcpStream::connect(s.addr).unwrap());
+    }
+    idle
+}
+
+/// User and system CPU time of `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (in parentheses): state is the 3rd
+    // field of the line, utime the 14th, stime the 15th.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// Lines of the server's log that warn about failed accepts.
+fn accept_warnings(s: &Server) -> usize {
+    s.log()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("accept: "))
+        .count()
+}
+
+#[test]
+fn a_file_asked_for_at_the_fd_limit_is_answered_503_with_retry_after() {
+    let fx = Fixture::new();
+    let (s, mut c) = server_near_its_fd_limit(&fx);
+    let idle = exhaust_fds(&s);
+    // Not in the open-file cache: opening it needs a descriptor.
+    let r = upstream::get(&mut c, "/sub/index.html", "").unwrap();
+    assert_eq!(r.status, 503, "{}", r.head);
+    assert!(r.head.contains("\r\nRetry-After: 1\r\n"), "{}", r.head);
+    // The connection goes on; once descriptors are free the file is served.
+    drop(idle);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = upstream::get(&mut c, "/sub/index.html", "").unwrap();
+        if r.status == 200 {
+            assert_eq!(upstream::body_text(&r), "<p>sub</p>\n");
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.head);
+        assert!(std::time::Instant::now() < deadline, "still 503");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn accept_out_of_descriptors_pauses_without_spinning_and_serves_again() {
+    let fx = Fixture::new();
+    let (s, c) = server_near_its_fd_limit(&fx);
+    let idle = exhaust_fds(&s);
+    // accept() fails with EMFILE for as long as the backlog holds
+    // connections: a loop that retried at once would take a core.
+    std::thread::sleep(Duration::from_millis(300));
+    let before = cpu_ticks(s.pid());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(s.pid()) - before;
+    assert!(used <= 10, "{used} ticks of CPU in 2 s at the fd limit");
+    // One warning for the whole time, not one per failed accept.
+    assert_eq!(accept_warnings(&s), 1, "{}", s.log());
+    drop(idle);
+    drop(c);
+    // Serving again: the connections that waited were taken and closed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open_fds(s.pid()) >= FD_LIMIT - 8 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "descriptors stay in use"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(body(&s.curl(&[&s.url("/hello.txt")])), HELLO.as_bytes());
+    let failed = s.metric("tlsgate_accept_errors_total{reason=\"descriptors\"}");
+    // Every 100 ms for 2 s and more, not thousands.
+    assert!(
+        (15.0..=100.0).contains(&failed),
+        "{failed} failed accepts counted"
+    );
+}
+
 /// The soft and hard `Max open files` of `pid`.
 fn nofile_limits(pid: u32) -> (String, String) {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
