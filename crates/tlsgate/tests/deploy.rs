@@ -366,7 +366,11 @@ fn the_cronjob_rotates_a_secret_shaped_key_file_and_patches_the_secret_the_serve
     );
     script_mounts.retain(|m| *m != secret_volume);
     for (_, path) in &script_mounts {
-        std::fs::create_dir_all(under(root.path(), path)).unwrap();
+        // An emptyDir as the kubelet makes it: mode 0777, and with the
+        // pod's fsGroup the setgid bit; no sticky bit.
+        let dir = under(root.path(), path);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o2777)).unwrap();
     }
 
     // The script as written, its absolute mount paths moved under the

@@ -130,11 +130,13 @@ fn owners_text(owners: &[u32; 3]) -> String {
 /// can change: its owner, or anyone with group or other write permission
 /// and no sticky bit, could put a file of their own keys in its place.
 /// Every directory from the file up to `/` is checked, along the path as
-/// given and along the path its symlinks lead to.
+/// given and along the path its symlinks lead to, unless `reach` says the
+/// file alone.
 fn check_ownership(
     path: &Path,
     meta: &std::fs::Metadata,
     run_as: Option<u32>,
+    reach: Reach,
 ) -> Result<(), KeyFileError> {
     let owners = trusted_owners(run_as);
     if !owners.contains(&meta.uid()) {
@@ -147,6 +149,9 @@ fn check_ownership(
                 owners_text(&owners)
             ),
         ));
+    }
+    if reach == Reach::FileOnly {
+        return Ok(());
     }
     let given =
         std::path::absolute(path).map_err(|e| fail(path, format!("cannot resolve: {e}")))?;
@@ -198,17 +203,37 @@ fn check_ownership(
     Ok(())
 }
 
+/// What [`check_ownership`] looks at.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Reach {
+    /// The file and every directory that leads to it: what a server
+    /// trusts for its keys.
+    FileAndDirectories,
+    /// The file alone: `rotate`, an operator's command on a file they
+    /// name, often in a scratch directory (a Kubernetes emptyDir is mode
+    /// 2777). A server that reads the result checks its directories.
+    FileOnly,
+}
+
 /// Reads and checks a key file: the keys in order, the encrypting one
 /// first. `run_as` is a user besides root and this process's own that
 /// may own the file (`server.user`).
 pub fn read(path: &Path, run_as: Option<u32>) -> Result<Vec<Secret>, KeyFileError> {
+    read_reaching(path, run_as, Reach::FileAndDirectories)
+}
+
+fn read_reaching(
+    path: &Path,
+    run_as: Option<u32>,
+    reach: Reach,
+) -> Result<Vec<Secret>, KeyFileError> {
     let mut f = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
     // Checked on the open file, so a swap after the check changes nothing.
     let meta = f
         .metadata()
         .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
     check_metadata(path, &meta)?;
-    check_ownership(path, &meta, run_as)?;
+    check_ownership(path, &meta, run_as, reach)?;
     let mut raw = Zeroizing::new(Vec::with_capacity(meta.len() as usize));
     (&mut f)
         .take(MAX_FILE_BYTES + 1)
@@ -422,7 +447,7 @@ pub fn rotate(path: &Path, keep: usize) -> Result<Rotated, KeyFileError> {
     // Root may rotate the file of the user a server runs as (the new file
     // keeps that owner); anyone else only their own or root's.
     let root = tlsgate_sys::privileges::effective_uid() == 0;
-    let old = read(&target, root.then_some(meta.uid()))?;
+    let old = read_reaching(&target, root.then_some(meta.uid()), Reach::FileOnly)?;
     let mut keys = Vec::with_capacity(old.len() + 1);
     keys.push(Secret::generate().map_err(|e| fail(path, e.problem))?);
     keys.extend(old);
@@ -549,6 +574,25 @@ mod tests {
         );
         let e = read(dir.path(), None).unwrap_err();
         assert!(e.problem.contains("regular file"), "{e}");
+    }
+
+    /// `rotate` works in a scratch directory anyone may write (the
+    /// CronJob's emptyDir); the file itself must still pass.
+    #[test]
+    fn rotate_checks_the_file_not_the_scratch_directory_it_is_in() {
+        // A Kubernetes emptyDir with an fsGroup: mode 2777, no sticky bit.
+        let dir = tempfile::tempdir().unwrap();
+        let scratch = dir.path().join("work");
+        std::fs::create_dir(&scratch).unwrap();
+        let p = scratch.join("keys");
+        generate(&p, 1, false).unwrap();
+        std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o2777)).unwrap();
+        assert_eq!(rotate(&p, 3).unwrap().kept, 2);
+        // A server would not take it from there.
+        assert!(read(&p, None).is_err());
+        // The file itself is still checked.
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(rotate(&p, 3).is_err());
     }
 
     /// Like OpenSSH's StrictModes: a file another user owns, or one in a
