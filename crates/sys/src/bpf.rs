@@ -81,22 +81,25 @@ struct LinkInfoRaw {
     tail: u32,
 }
 
-/// The attribute structs above: plain `repr(C)` data with no implicit
-/// padding, of the layouts the kernel's UAPI gives them.
-trait Attr {}
+/// The `bpf_attr` members this crate passes: plain `repr(C)` data with no
+/// implicit padding, of the layouts the kernel's UAPI gives them, whose
+/// pointers (if any) the code that fills them keeps valid for the call.
+pub(crate) trait Attr {}
 impl Attr for IdAttr {}
 impl Attr for InfoAttr {}
 impl Attr for LinkCreateAttr {}
 impl Attr for PinAttr {}
 
-/// `bpf(cmd, attr, sizeof attr)`: the return value, or the errno.
-fn sys_bpf<A: Attr>(cmd: libc::c_int, attr: &mut A) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is one of this module's `repr(C)` bpf_attr members
-    // (the `Attr` trait is private and implemented only for them), fully
-    // initialised, its size passed; the kernel reads at most that many
-    // bytes and may write back into it (next_id). A pointer inside it
-    // (InfoAttr::info, PinAttr::pathname) points to a buffer of the length
-    // given (a NUL-terminated path) that outlives the call.
+/// `bpf(cmd, attr, sizeof attr)`: the return value, or the errno. The
+/// crate's one `bpf(2)` call (also `packet::xdp_live_run`'s test run).
+pub(crate) fn sys_bpf<A: Attr>(cmd: libc::c_int, attr: &mut A) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a `repr(C)` bpf_attr member (the `Attr` trait is
+    // crate-private and implemented only for them), fully initialised, its
+    // size passed; the kernel reads at most that many bytes and may write
+    // back into it (next_id; a test run's retval and duration). A pointer
+    // inside it (InfoAttr::info, PinAttr::pathname, a test run's frame and
+    // context) points to a buffer of the length given (a NUL-terminated
+    // path) that outlives the call.
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,

@@ -4,8 +4,9 @@
 //! here builds, and the bypass option has no safe setter: those two calls
 //! are the unsafe ones, each with its `SAFETY` note. Sending goes through
 //! rustix's safe `sendmmsg`. The generator's XDP mode sends with
-//! `bpf(BPF_PROG_RUN)` in live-frame mode ([`xdp_live_run`]), the third
-//! unsafe call: no safe crate here makes it (aya 0.13 does not).
+//! `bpf(BPF_PROG_RUN)` in live-frame mode ([`xdp_live_run`]) through the
+//! crate's one `bpf(2)` call in [`crate::bpf`]: no safe crate here makes
+//! it (aya 0.13 does not).
 #![allow(unsafe_code)]
 
 use std::io;
@@ -131,6 +132,8 @@ struct TestRunAttr {
     pad: u32,
 }
 
+impl crate::bpf::Attr for TestRunAttr {}
+
 const BPF_PROG_TEST_RUN: libc::c_int = 10;
 const BPF_F_TEST_XDP_LIVE_FRAMES: u32 = 1 << 1;
 
@@ -170,24 +173,15 @@ pub fn xdp_live_run(
         batch_size: batch,
         ..TestRunAttr::default()
     };
-    // SAFETY: bpf(2) with a `bpf_attr` prefix of the layout the kernel's
-    // UAPI gives `test` (repr(C) without implicit padding, its size
-    // passed), mutable because the kernel writes retval, duration and
-    // data_size_out back into it; the pointers in it (`frame`, `ctx`) are
-    // valid for the lengths given and outlive the call, and the kernel only
-    // reads them (no data_out or ctx_out in live-frame mode); `prog` is an
-    // open descriptor borrowed for the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_TEST_RUN,
-            &mut attr as *mut TestRunAttr,
-            std::mem::size_of::<TestRunAttr>() as libc::c_uint,
+    // The kernel writes retval, duration and data_size_out back into
+    // `attr`; it only reads `frame` and `ctx` (no data_out or ctx_out in
+    // live-frame mode), both valid for the lengths given until it returns.
+    crate::bpf::sys_bpf(BPF_PROG_TEST_RUN, &mut attr).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("bpf(BPF_PROG_TEST_RUN, XDP live frames): {e}"),
         )
-    };
-    if r < 0 {
-        return Err(last("bpf(BPF_PROG_TEST_RUN, XDP live frames)"));
-    }
+    })?;
     Ok(())
 }
 
