@@ -469,6 +469,9 @@ fn month_abbr(m: time::Month) -> &'static str {
     }
 }
 
+/// The JSON line. Target, referer and user agent are bytes as sent but
+/// JSON strings are text: bytes that are not UTF-8 are written lossily,
+/// each invalid sequence as U+FFFD (the combined format keeps every byte).
 fn json(r: &Record<'_>) -> String {
     let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let t = time::OffsetDateTime::from(r.time);

@@ -6,7 +6,9 @@
 //! The binary only parses the command line and calls [`run`].
 #![forbid(unsafe_code)]
 
-mod access_log;
+/// Public for the fuzzer, which formats records of hostile bytes and reads
+/// the lines back.
+pub mod access_log;
 mod admin;
 mod buffers;
 mod conn;

@@ -288,8 +288,10 @@ pub fn parse(raw: &[u8]) -> Result<Vec<Secret>, String> {
     Ok(keys.into_iter().map(|(_, s)| s).collect())
 }
 
-/// The file text for `keys`.
-fn render(keys: &[Secret]) -> Zeroizing<String> {
+/// The file text for `keys`, as `generate` and `rotate` write it: what
+/// [`parse`] reads back as the same keys (for 1 to [`MAX_KEYS`] distinct
+/// ones).
+pub fn render(keys: &[Secret]) -> Zeroizing<String> {
     let mut text = Zeroizing::new(String::with_capacity(64 + keys.len() * 46));
     text.push_str(HEADER);
     text.push_str("\n# First key encrypts new tickets; every key decrypts. Keep mode 0600.\n");
