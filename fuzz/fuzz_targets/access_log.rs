@@ -16,8 +16,9 @@
 //! error. No field can end a quoted one: the line holds six `"`, the
 //! delimiters, whatever the record holds.
 //!
-//! JSON format: exactly one line ending in `\n` that serde_json reads as
-//! one object with the documented keys; every string decodes to the
+//! JSON format: exactly one line ending in `\n`, with no DEL, C1 control,
+//! U+2028 or U+2029 written raw (readers that split lines there would see
+//! two records), that serde_json reads as one object with the documented keys; every string decodes to the
 //! record's: exactly for text fields (method, SNI, TLS version, upstream,
 //! error, the certificate's subject and names), and for the byte fields
 //! (target, referer, user agent) exactly when they are UTF-8, else by the
@@ -220,6 +221,10 @@ fn opt<T: Into<Value>>(v: Option<T>) -> Value {
 
 fn check_json(r: &Record<'_>, secs: u64, nanos: u32, line: &str) {
     assert_eq!(line.find('\n'), Some(line.len() - 1), "one line: {line:?}");
+    assert!(
+        !line.contains(|c| matches!(c, '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{2029}')),
+        "a line break or control written raw: {line:?}"
+    );
     let v: Value =
         serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
     let o = v.as_object().expect("an object");

@@ -472,6 +472,8 @@ fn month_abbr(m: time::Month) -> &'static str {
 /// The JSON line. Target, referer and user agent are bytes as sent but
 /// JSON strings are text: bytes that are not UTF-8 are written lossily,
 /// each invalid sequence as U+FFFD (the combined format keeps every byte).
+/// Characters that some readers take for a line end or a terminal control
+/// are escaped (see [`escape_line_breakers`]).
 fn json(r: &Record<'_>) -> String {
     let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     let t = time::OffsetDateTime::from(r.time);
@@ -497,9 +499,33 @@ fn json(r: &Record<'_>) -> String {
         "upstream": r.upstream,
         "upstream_error": r.upstream_error,
     });
-    let mut s = v.to_string();
+    let mut s = escape_line_breakers(v.to_string());
     s.push('\n');
     s
+}
+
+/// JSON allows DEL, the C1 controls and U+2028/U+2029 raw in a string, and
+/// serde_json writes them so. But Python's `str.splitlines`, some log
+/// shippers and terminals take NEL, LS and PS for line ends and C1's CSI
+/// for an escape sequence: a client could split its own record in two
+/// there. They can only stand inside a string (JSON's syntax is ASCII), so
+/// they are written as `\uXXXX` escapes, which every JSON reader decodes
+/// back to the same text.
+fn escape_line_breakers(line: String) -> String {
+    let breaks = |c: char| matches!(c, '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{2029}');
+    if !line.contains(breaks) {
+        return line;
+    }
+    let mut out = String::with_capacity(line.len() + 16);
+    for c in line.chars() {
+        if breaks(c) {
+            use std::fmt::Write as _;
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -544,6 +570,35 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&format(LogFormat::Json, &r)).unwrap();
         assert_eq!(v["upstream"], "10.0.0.1:80");
         assert_eq!(v["upstream_error"], "connect");
+    }
+
+    #[test]
+    fn json_escapes_what_readers_take_for_line_ends_and_controls() {
+        let r = Record {
+            target: "/a\u{2028}b\u{85}c\u{9b}d\u{7f}e\u{2029}/é".as_bytes(),
+            user_agent: Some("x\u{2028}{\"forged\":1}".as_bytes()),
+            ..rec()
+        };
+        let line = format(LogFormat::Json, &r);
+        assert!(
+            !line.contains(['\u{2028}', '\u{2029}', '\u{85}', '\u{9b}', '\u{7f}']),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(
+            line.contains(r#"/a\u2028b\u0085c\u009bd\u007fe\u2029/é"#),
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["target"], "/a\u{2028}b\u{85}c\u{9b}d\u{7f}e\u{2029}/é");
+        assert_eq!(v["user_agent"], "x\u{2028}{\"forged\":1}");
+        // Python's reading of lines, which breaks at U+2028 and U+0085.
+        assert_eq!(
+            line.trim_end()
+                .split(['\u{2028}', '\u{2029}', '\u{85}'])
+                .count(),
+            1
+        );
     }
 
     #[test]
