@@ -232,6 +232,13 @@ pub struct Machine {
     pub date: String,
     /// Server core and generator cores.
     pub placement: String,
+    /// TCP's congestion control and the default qdisc. BBR paces every
+    /// connection, and over loopback (no qdisc) it does so with a timer per
+    /// socket: on this project's VM that made a 1 MiB response cost 1.5×
+    /// per byte what it cost under cubic (docs/bench.md). Empty in results
+    /// from before it was recorded.
+    #[serde(default)]
+    pub tcp: String,
 }
 
 impl Machine {
@@ -252,12 +259,22 @@ impl Machine {
         let date = time::OffsetDateTime::now_utc()
             .format(&time::format_description::well_known::Rfc3339)
             .unwrap_or_default();
+        let sysctl = |name: &str| {
+            fs::read_to_string(format!("/proc/sys/{name}"))
+                .map_or_else(|_| "unknown".to_string(), |v| v.trim().to_string())
+        };
+        let tcp = format!(
+            "congestion control {}, default qdisc {}",
+            sysctl("net/ipv4/tcp_congestion_control"),
+            sysctl("net/core/default_qdisc")
+        );
         Self {
             cpu,
             cores: core_affinity::get_core_ids().map_or(1, |c| c.len()),
             kernel,
             date,
             placement,
+            tcp,
         }
     }
 }
@@ -382,6 +399,15 @@ impl Results {
             "Measured {} on {} ({} cores), kernel {}; {}.  ",
             m.date, m.cpu, m.cores, m.kernel, m.placement
         );
+        if !m.tcp.is_empty() {
+            let _ = writeln!(out, "TCP: {}.  ", m.tcp);
+            if m.tcp.starts_with("congestion control bbr") {
+                let _ = writeln!(
+                    out,
+                    "⚠ BBR paces every loopback connection with a timer of its own: big transfers cost more per byte than under cubic, and not alike for every target (docs/bench.md, \"TCP's congestion control\").  "
+                );
+            }
+        }
         for (t, v) in &self.versions {
             let _ = writeln!(out, "- {t}: {v}");
         }
@@ -1164,6 +1190,28 @@ mod tests {
         r.summarize();
         let md = r.markdown();
         assert!(md.contains("| 0.50 | – | – |"), "{md}");
+    }
+
+    #[test]
+    fn the_report_names_tcps_congestion_control_and_warns_of_bbrs_pacing() {
+        let mut r = Results::new(Machine::detect("test".into()), true);
+        r.machine.tcp = "congestion control bbr, default qdisc pfifo_fast".into();
+        let md = r.markdown();
+        assert!(
+            md.contains("TCP: congestion control bbr, default qdisc pfifo_fast."),
+            "{md}"
+        );
+        assert!(md.contains("⚠ BBR paces"), "{md}");
+        r.machine.tcp = "congestion control cubic, default qdisc fq".into();
+        assert!(!r.markdown().contains("⚠ BBR"));
+        // Results written before the field existed still read.
+        let mut old = serde_json::to_value(&r.machine).unwrap();
+        old.as_object_mut().unwrap().remove("tcp");
+        let m: Machine = serde_json::from_value(old).unwrap();
+        assert_eq!(m.tcp, "");
+        assert!(Machine::detect("x".into())
+            .tcp
+            .starts_with("congestion control "));
     }
 
     #[test]
