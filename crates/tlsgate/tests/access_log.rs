@@ -37,7 +37,7 @@ fn server_with_stuck_log(fx: &Fixture) -> (Server, std::fs::File) {
     ));
     let s = Server::spawn_with_stdout(&["serve", "--config", config.to_str().unwrap()], stdout);
     // 404s with long paths: cheap to answer, and each line is long so the
-    // pipe fills early. The queue holds 65 536 lines.
+    // pipe fills early. The queue holds 65 536 lines or 16 MiB.
     let url = s.url(&format!("/{}", "x".repeat(200)));
     let deadline = Instant::now() + Duration::from_secs(120);
     while s.metric("tlsgate_access_log_dropped_total") == 0.0 {
