@@ -13,17 +13,23 @@
 //! read back, and undoing the `\xHH` escapes gives back the exact bytes of
 //! method, target and version, referer and user agent (`-` when absent),
 //! the certificate's short name (`-` when empty or absent), upstream and
-//! error. No field can end a quoted one: the line holds six `"`, the
+//! error; except that method, target, referer and user agent longer than
+//! `access_log::FIELD_MAX` bytes give back exactly their first
+//! `FIELD_MAX` bytes followed by the mark `\...` (which only a cut field
+//! has: no other `\` is followed by anything but `xHH`). No field can end a quoted one: the line holds six `"`, the
 //! delimiters, whatever the record holds.
 //!
 //! JSON format: exactly one line ending in `\n`, with no DEL, C1 control,
 //! U+2028 or U+2029 written raw (readers that split lines there would see
 //! two records), that serde_json reads as one object with the documented keys; every string decodes to the
-//! record's: exactly for text fields (method, SNI, TLS version, upstream,
+//! record's: exactly for text fields (SNI, TLS version, upstream,
 //! error, the certificate's subject and names), and for the byte fields
 //! (target, referer, user agent) exactly when they are UTF-8, else by the
 //! rule `access_log::json` states: lossily, each invalid sequence as U+FFFD
-//! (`String::from_utf8_lossy`).
+//! (`String::from_utf8_lossy`). Method, target, referer and user agent
+//! longer than `FIELD_MAX` bytes: their first `FIELD_MAX` bytes read so,
+//! then `...`, and the key `truncated` (present only then) lists exactly
+//! the cut ones, in the order method, target, referer, user agent.
 //!
 //! Input: a fixed head, missing bytes read as zeros: a flag byte (IPv6,
 //! referer, user agent, SNI, client certificate, upstream, error, kTLS),
@@ -32,8 +38,10 @@
 //! nanoseconds), status (u16), body bytes (u64), duration (u64 seconds,
 //! u32 nanoseconds), all little-endian. Then fields, each a length byte
 //! and that many bytes: method, target, referer, user agent, SNI,
-//! upstream, error, subject, common name, then the SANs; the rest is the
-//! certificate's SHA-256.
+//! upstream, error, subject, common name, then the SANs; then the
+//! certificate's SHA-256 (32 bytes), then a byte `grow`: method, target,
+//! referer and user agent are each their bytes repeated `1 + grow` times
+//! (up to 65 280 bytes, past `FIELD_MAX`).
 
 #![no_main]
 
@@ -44,7 +52,7 @@ use std::time::{Duration, SystemTime};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use tlsgate_config::LogFormat;
-use tlsgate_server::access_log::{format, Record};
+use tlsgate_server::access_log::{format, Record, FIELD_MAX};
 use tlsgate_tls::ClientIdentity;
 
 /// The input, read front to back; past its end every byte is zero and
@@ -99,26 +107,57 @@ fn civil(secs: u64) -> (u64, u64, u64, u64, u64, u64) {
     (year, month, day, rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// A byte of a field, or the mark of a cut one.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Tok {
+    Byte(u8),
+    Cut,
+}
+
+/// What a client-supplied field must read back as: its first `FIELD_MAX`
+/// bytes, then the mark if it had more.
+fn logged(bytes: &[u8]) -> Vec<Tok> {
+    let mut t: Vec<Tok> = bytes
+        .iter()
+        .take(FIELD_MAX)
+        .map(|&b| Tok::Byte(b))
+        .collect();
+    if bytes.len() > FIELD_MAX {
+        t.push(Tok::Cut);
+    }
+    t
+}
+
+/// Plain bytes as tokens (a field that is never cut).
+fn whole(bytes: &[u8]) -> Vec<Tok> {
+    bytes.iter().map(|&b| Tok::Byte(b)).collect()
+}
+
 /// The bytes a quoted (or user) field of the combined format stands for:
-/// `\xHH` (upper-case hex) is the byte HH, any other character itself.
-/// Panics on a `\` that starts no such escape.
-fn unescape(field: &str) -> Vec<u8> {
+/// `\xHH` (upper-case hex) is the byte HH, `\...` the mark of a cut
+/// field, any other character itself. Panics on a `\` that starts neither.
+fn unescape(field: &str) -> Vec<Tok> {
     let mut out = Vec::with_capacity(field.len());
-    let mut bytes = field.bytes();
-    while let Some(b) = bytes.next() {
+    let mut bytes = field.as_bytes().iter();
+    while let Some(&b) = bytes.next() {
         if b != b'\\' {
-            out.push(b);
+            out.push(Tok::Byte(b));
             continue;
         }
-        let x = bytes.next();
-        let hex: Vec<u8> = bytes.by_ref().take(2).collect();
+        if bytes.as_slice().starts_with(b"...") {
+            bytes.by_ref().take(3).for_each(drop);
+            out.push(Tok::Cut);
+            continue;
+        }
+        let x = bytes.next().copied();
+        let hex: Vec<u8> = bytes.by_ref().take(2).copied().collect();
         let upper_hex = |&h: &u8| h.is_ascii_digit() || (b'A'..=b'F').contains(&h);
         assert!(
             x == Some(b'x') && hex.len() == 2 && hex.iter().all(upper_hex),
             "a \\ that is not \\xHH in {field:?}"
         );
         let hex = std::str::from_utf8(&hex).expect("hex digits");
-        out.push(u8::from_str_radix(hex, 16).expect("hex digits"));
+        out.push(Tok::Byte(u8::from_str_radix(hex, 16).expect("hex digits")));
     }
     out
 }
@@ -150,7 +189,11 @@ fn check_combined(r: &Record<'_>, secs: u64, line: &str) {
         Some(c) if !c.short_name().is_empty() => c.short_name(),
         _ => "-",
     };
-    assert_eq!(unescape(user), name.as_bytes(), "user field: {line:?}");
+    assert_eq!(
+        unescape(user),
+        whole(name.as_bytes()),
+        "user field: {line:?}"
+    );
 
     let rest = rest_after(rest, "[", line);
     let (date, rest) = cut(rest, "] \"", line);
@@ -163,11 +206,11 @@ fn check_combined(r: &Record<'_>, secs: u64, line: &str) {
     );
 
     let (request, rest) = cut(rest, "\" ", line);
-    let mut want = r.method.as_bytes().to_vec();
-    want.push(b' ');
-    want.extend_from_slice(r.target);
-    want.push(b' ');
-    want.extend_from_slice(r.version.as_bytes());
+    let mut want = logged(r.method.as_bytes());
+    want.push(Tok::Byte(b' '));
+    want.extend(logged(r.target));
+    want.push(Tok::Byte(b' '));
+    want.extend(whole(r.version.as_bytes()));
     assert_eq!(unescape(request), want, "request: {line:?}");
 
     let (status, rest) = cut(rest, " ", line);
@@ -175,11 +218,15 @@ fn check_combined(r: &Record<'_>, secs: u64, line: &str) {
     let (bytes, rest) = cut(rest, " \"", line);
     assert_eq!(bytes.parse::<u64>(), Ok(r.body_bytes), "{line:?}");
     let (referer, rest) = cut(rest, "\" \"", line);
-    assert_eq!(unescape(referer), r.referer.unwrap_or(b"-"), "{line:?}");
+    assert_eq!(
+        unescape(referer),
+        logged(r.referer.unwrap_or(b"-")),
+        "{line:?}"
+    );
     let (user_agent, trailer) = cut(rest, "\"", line);
     assert_eq!(
         unescape(user_agent),
-        r.user_agent.unwrap_or(b"-"),
+        logged(r.user_agent.unwrap_or(b"-")),
         "{line:?}"
     );
 
@@ -193,14 +240,14 @@ fn check_combined(r: &Record<'_>, secs: u64, line: &str) {
     .filter_map(|(k, v)| Some((k, v?)))
     .collect();
     let raw: String = notes.iter().map(|(k, v)| format!(" {k}={v}")).collect();
-    assert_eq!(unescape(trailer), raw.as_bytes(), "notes: {line:?}");
+    assert_eq!(unescape(trailer), whole(raw.as_bytes()), "notes: {line:?}");
     if notes.iter().all(|(_, v)| !v.contains(' ')) {
         let tokens: Vec<&str> = trailer.split(' ').skip(1).collect();
         assert_eq!(tokens.len(), notes.len(), "notes: {line:?}");
         for (token, (k, v)) in tokens.iter().zip(&notes) {
             let (key, value) = cut(token, "=", line);
             assert_eq!(key, *k, "{line:?}");
-            assert_eq!(unescape(value), v.as_bytes(), "{k}: {line:?}");
+            assert_eq!(unescape(value), whole(v.as_bytes()), "{k}: {line:?}");
         }
     }
 }
@@ -213,6 +260,16 @@ fn text(bytes: &[u8]) -> Value {
         assert_eq!(s.as_bytes(), bytes);
     }
     Value::String(t.into_owned())
+}
+
+/// [`text`] for a client-supplied field: its first `FIELD_MAX` bytes,
+/// then `...` if it had more.
+fn cut_text(bytes: &[u8]) -> Value {
+    if bytes.len() <= FIELD_MAX {
+        return text(bytes);
+    }
+    let head = text(bytes.get(..FIELD_MAX).expect("longer"));
+    Value::String(format!("{}...", head.as_str().expect("a string")))
 }
 
 fn opt<T: Into<Value>>(v: Option<T>) -> Value {
@@ -228,8 +285,24 @@ fn check_json(r: &Record<'_>, secs: u64, nanos: u32, line: &str) {
     let v: Value =
         serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line:?}"));
     let o = v.as_object().expect("an object");
+    let cut: Vec<&str> = [
+        ("method", Some(r.method.as_bytes())),
+        ("target", Some(r.target)),
+        ("referer", r.referer),
+        ("user_agent", r.user_agent),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.is_some_and(|v| v.len() > FIELD_MAX))
+    .map(|(k, _)| k)
+    .collect();
     let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
     keys.sort_unstable();
+    if cut.is_empty() {
+        assert!(!o.contains_key("truncated"), "{line:?}");
+    } else {
+        assert_eq!(o["truncated"], Value::from(cut), "{line:?}");
+        keys.retain(|&k| k != "truncated");
+    }
     assert_eq!(
         keys,
         [
@@ -279,8 +352,8 @@ fn check_json(r: &Record<'_>, secs: u64, nanos: u32, line: &str) {
 
     let expect = [
         ("remote", Value::from(r.remote.to_string())),
-        ("method", Value::from(r.method)),
-        ("target", text(r.target)),
+        ("method", cut_text(r.method.as_bytes())),
+        ("target", cut_text(r.target)),
         ("version", Value::from(r.version)),
         ("status", Value::from(r.status)),
         ("bytes", Value::from(r.body_bytes)),
@@ -288,8 +361,8 @@ fn check_json(r: &Record<'_>, secs: u64, nanos: u32, line: &str) {
             "duration_us",
             Value::from(u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX)),
         ),
-        ("referer", opt(r.referer.map(text))),
-        ("user_agent", opt(r.user_agent.map(text))),
+        ("referer", opt(r.referer.map(cut_text))),
+        ("user_agent", opt(r.user_agent.map(cut_text))),
         ("sni", opt(r.sni)),
         ("tls", opt(r.tls_version)),
         ("ktls", Value::from(r.ktls)),
@@ -342,6 +415,13 @@ fuzz_target!(|data: &[u8]| {
         sans,
         sha256: input.array(),
     };
+    let times = 1 + usize::from(input.u8());
+    let method = method.repeat(times);
+    let (target, referer, user_agent) = (
+        target.repeat(times),
+        referer.repeat(times),
+        user_agent.repeat(times),
+    );
 
     let flag = |bit: u8| flags & (1 << bit) != 0;
     let remote = if flag(0) {
@@ -355,12 +435,12 @@ fuzz_target!(|data: &[u8]| {
         remote,
         time: SystemTime::UNIX_EPOCH + Duration::new(secs, nanos),
         method: &method,
-        target,
+        target: &target,
         version: VERSIONS[usize::from(choice & 3)],
         status,
         body_bytes,
-        referer: flag(1).then_some(referer),
-        user_agent: flag(2).then_some(user_agent),
+        referer: flag(1).then_some(&referer),
+        user_agent: flag(2).then_some(&user_agent),
         duration,
         sni: flag(3).then_some(&*sni),
         tls_version: TLS_VERSIONS[usize::from(choice >> 2 & 3) % TLS_VERSIONS.len()],

@@ -6,7 +6,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
@@ -18,6 +18,20 @@ use tlsgate_tls::ClientIdentity;
 
 /// Lines waiting for the writer before new ones are dropped.
 const QUEUE: usize = 65_536;
+
+/// Bytes of lines (as allocated) waiting for the writer before new ones
+/// are dropped, whatever their number: an output that stops taking lines
+/// (a pipe nobody reads) costs at most this much memory. Documented in
+/// docs/config.md (`[access_log]`).
+pub const QUEUE_BYTES: usize = 16 << 20;
+
+/// Bytes of a client-supplied field (method, request target, referer,
+/// user agent; repeated fields counted joined) that a line holds. A longer
+/// field is cut after this many bytes and marked: `\...` in the combined
+/// format (a client's `\` is always written `\x5C`, so the mark cannot be
+/// the client's), `...` in JSON with the field's name in `truncated`.
+/// Documented in docs/config.md (`[access_log]`).
+pub const FIELD_MAX: usize = 2048;
 
 /// What is known about one finished request.
 pub struct Record<'a> {
@@ -69,6 +83,8 @@ struct State {
     reopen: Mutex<Option<LogTarget>>,
     /// Lines accepted into the queue.
     queued: AtomicU64,
+    /// Bytes (capacity) of the lines in the queue, at most [`QUEUE_BYTES`].
+    queued_bytes: AtomicUsize,
     /// Lines the writer has finished with (written and flushed, or lost).
     done: Mutex<u64>,
     done_changed: Condvar,
@@ -114,6 +130,7 @@ impl AccessLog {
         let state = Arc::new(State {
             reopen: Mutex::new(None),
             queued: AtomicU64::new(0),
+            queued_bytes: AtomicUsize::new(0),
             done: Mutex::new(0),
             done_changed: Condvar::new(),
             dropped,
@@ -126,15 +143,30 @@ impl AccessLog {
         Ok(AccessLog { tx, state })
     }
 
-    /// Queues a line; false when the queue is full (the caller counts it).
+    /// Queues a line; false when the queue is full, by lines ([`QUEUE`])
+    /// or by bytes ([`QUEUE_BYTES`]) (the caller counts it).
     pub fn log(&self, line: String) -> bool {
+        let size = line.capacity();
+        let bytes = &self.state.queued_bytes;
+        // Taken before sending, so that the writer's release of the line
+        // can never come first.
+        if bytes.fetch_add(size, Ordering::Relaxed) + size > QUEUE_BYTES {
+            bytes.fetch_sub(size, Ordering::Relaxed);
+            return false;
+        }
         match self.tx.try_send(Msg::Line(line)) {
             Ok(()) => {
                 self.state.queued.fetch_add(1, Ordering::Relaxed);
                 true
             }
-            Err(TrySendError::Full(_)) => false,
-            Err(TrySendError::Disconnected(_)) => true,
+            Err(TrySendError::Full(_)) => {
+                bytes.fetch_sub(size, Ordering::Relaxed);
+                false
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                bytes.fetch_sub(size, Ordering::Relaxed);
+                true
+            }
         }
     }
 
@@ -300,6 +332,9 @@ fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
         if let Msg::Line(line) = msg {
             out.write(&line);
             taken += 1;
+            let size = line.capacity();
+            drop(line);
+            state.queued_bytes.fetch_sub(size, Ordering::Relaxed);
         }
         // Counted as pending even for a wake-up, so the done count is
         // published once the queue is empty.
@@ -374,16 +409,44 @@ pub(crate) fn check_target(config: &Config, as_user: Option<Ids>) -> Result<(), 
     Ok(())
 }
 
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+const HEX_LOWER: &[u8; 16] = b"0123456789abcdef";
+
+/// The digit of the low four bits of `n` in `table`.
+fn hex_digit(table: &[u8; 16], n: u32) -> char {
+    char::from(table[(n & 0xf) as usize])
+}
+
 /// Appends `bytes` for a quoted log field: printable ASCII as is, `"` and
 /// `\` and everything else escaped as `\xHH` (as nginx does).
 fn escaped(out: &mut String, bytes: &[u8]) {
-    use std::fmt::Write as _;
+    out.reserve(bytes.len());
     for &b in bytes {
         if (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\' {
             out.push(char::from(b));
         } else {
-            let _ = write!(out, "\\x{b:02X}");
+            out.push_str("\\x");
+            out.push(hex_digit(HEX_UPPER, u32::from(b >> 4)));
+            out.push(hex_digit(HEX_UPPER, u32::from(b)));
         }
+    }
+}
+
+/// A client-supplied field cut to [`FIELD_MAX`] bytes, and whether it was.
+fn cut(bytes: &[u8]) -> (&[u8], bool) {
+    match bytes.get(..FIELD_MAX) {
+        Some(head) if bytes.len() > FIELD_MAX => (head, true),
+        _ => (bytes, false),
+    }
+}
+
+/// [`escaped`] for a client-supplied field: at most [`FIELD_MAX`] of its
+/// bytes, then `\...` when there were more.
+fn escaped_field(out: &mut String, bytes: &[u8]) {
+    let (head, truncated) = cut(bytes);
+    escaped(out, head);
+    if truncated {
+        out.push_str("\\...");
     }
 }
 
@@ -417,13 +480,13 @@ fn combined(r: &Record<'_>) -> String {
         t.minute(),
         t.second()
     );
-    escaped(&mut s, r.method.as_bytes());
+    escaped_field(&mut s, r.method.as_bytes());
     s.push(' ');
-    escaped(&mut s, r.target);
+    escaped_field(&mut s, r.target);
     let _ = write!(s, " {}\" {} {} \"", r.version, r.status, r.body_bytes);
-    escaped(&mut s, r.referer.unwrap_or(b"-"));
+    escaped_field(&mut s, r.referer.unwrap_or(b"-"));
     s.push_str("\" \"");
-    escaped(&mut s, r.user_agent.unwrap_or(b"-"));
+    escaped_field(&mut s, r.user_agent.unwrap_or(b"-"));
     s.push('"');
     // Proxied requests only: the combined format's fields stay as they are.
     if let Some(u) = r.upstream {
@@ -472,22 +535,39 @@ fn month_abbr(m: time::Month) -> &'static str {
 /// The JSON line. Target, referer and user agent are bytes as sent but
 /// JSON strings are text: bytes that are not UTF-8 are written lossily,
 /// each invalid sequence as U+FFFD (the combined format keeps every byte).
-/// Characters that some readers take for a line end or a terminal control
-/// are escaped (see [`escape_line_breakers`]).
+/// Method, target, referer and user agent longer than [`FIELD_MAX`] bytes
+/// are cut there (before the lossy reading: a character split by the cut
+/// reads as U+FFFD), `...` is appended, and the key `truncated` (only
+/// then present) lists their names. Characters that some readers take for
+/// a line end or a terminal control are escaped (see
+/// [`escape_line_breakers`]).
 fn json(r: &Record<'_>) -> String {
-    let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let mut truncated = Vec::new();
+    let mut lossy = |name: &'static str, b: &[u8]| {
+        let (head, cut_off) = cut(b);
+        let mut s = String::from_utf8_lossy(head).into_owned();
+        if cut_off {
+            s.push_str("...");
+            truncated.push(name);
+        }
+        s
+    };
+    let method = lossy("method", r.method.as_bytes());
+    let target = lossy("target", r.target);
+    let referer = r.referer.map(|b| lossy("referer", b));
+    let user_agent = r.user_agent.map(|b| lossy("user_agent", b));
     let t = time::OffsetDateTime::from(r.time);
-    let v = serde_json::json!({
+    let mut v = serde_json::json!({
         "time": t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default(),
         "remote": r.remote.to_string(),
-        "method": r.method,
-        "target": lossy(r.target),
+        "method": method,
+        "target": target,
         "version": r.version,
         "status": r.status,
         "bytes": r.body_bytes,
         "duration_us": u64::try_from(r.duration.as_micros()).unwrap_or(u64::MAX),
-        "referer": r.referer.map(lossy),
-        "user_agent": r.user_agent.map(lossy),
+        "referer": referer,
+        "user_agent": user_agent,
         "sni": r.sni,
         "tls": r.tls_version,
         "ktls": r.ktls,
@@ -499,6 +579,9 @@ fn json(r: &Record<'_>) -> String {
         "upstream": r.upstream,
         "upstream_error": r.upstream_error,
     });
+    if let (false, Some(o)) = (truncated.is_empty(), v.as_object_mut()) {
+        o.insert("truncated".into(), truncated.into());
+    }
     let mut s = escape_line_breakers(v.to_string());
     s.push('\n');
     s
@@ -519,8 +602,11 @@ fn escape_line_breakers(line: String) -> String {
     let mut out = String::with_capacity(line.len() + 16);
     for c in line.chars() {
         if breaks(c) {
-            use std::fmt::Write as _;
-            let _ = write!(out, "\\u{:04x}", u32::from(c));
+            let n = u32::from(c);
+            out.push_str("\\u");
+            for shift in [12, 8, 4, 0] {
+                out.push(hex_digit(HEX_LOWER, n >> shift));
+            }
         } else {
             out.push(c);
         }
@@ -644,6 +730,72 @@ mod tests {
         assert_eq!(v["target"], "/a\"b");
         assert_eq!(v["duration_us"], 1500);
         assert_eq!(v["time"], "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn long_client_fields_are_cut_and_marked() {
+        let long = vec![0xffu8; 10_000];
+        let path = [b"/".as_slice(), &[b'a'; 5000]].concat();
+        let r = Record {
+            target: &path,
+            referer: Some(&long),
+            user_agent: Some(&long[..FIELD_MAX]),
+            ..rec()
+        };
+        let line = format(LogFormat::Combined, &r);
+        let fields: Vec<&str> = line.split('"').collect();
+        let want_path = format!("GET /{}\\... HTTP/1.1", "a".repeat(FIELD_MAX - 1));
+        assert_eq!(fields[1], want_path);
+        assert_eq!(fields[3], format!("{}\\...", "\\xFF".repeat(FIELD_MAX)));
+        // Exactly FIELD_MAX bytes: whole, no mark.
+        assert_eq!(fields[5], "\\xFF".repeat(FIELD_MAX));
+        assert!(line.len() < 3 * 4 * FIELD_MAX + 200, "{}", line.len());
+
+        let v: serde_json::Value = serde_json::from_str(&format(LogFormat::Json, &r)).unwrap();
+        assert_eq!(v["target"], format!("/{}...", "a".repeat(FIELD_MAX - 1)));
+        assert_eq!(v["referer"], format!("{}...", "\u{fffd}".repeat(FIELD_MAX)));
+        assert_eq!(v["user_agent"], "\u{fffd}".repeat(FIELD_MAX));
+        assert_eq!(v["truncated"], serde_json::json!(["target", "referer"]));
+        let plain: serde_json::Value =
+            serde_json::from_str(&format(LogFormat::Json, &rec())).unwrap();
+        assert!(plain.get("truncated").is_none());
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_bytes() {
+        // A FIFO opened by no reader's end is never read: the writer
+        // blocks on its first line and every later line waits in the queue.
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("log.fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::File::open(fifo).unwrap())
+        };
+        let log = AccessLog::start(
+            &LogTarget::File(fifo),
+            LogFormat::Combined,
+            Counter::default(),
+        )
+        .unwrap();
+        let _reader = reader.join().unwrap();
+        let line = "x".repeat(100_000) + "\n";
+        let mut taken = 0usize;
+        for _ in 0..1000 {
+            if log.log(line.clone()) {
+                taken += 1;
+            }
+        }
+        // The pipe and the file's buffer hold a few lines, the queue the rest.
+        assert!(taken > 100, "{taken}");
+        assert!(taken * line.len() <= QUEUE_BYTES + (1 << 20), "{taken}");
+        assert!(log.state.queued_bytes.load(Ordering::Relaxed) <= QUEUE_BYTES);
+        // Small lines still fit by count up to the byte bound.
+        assert!(!log.log(line.clone()));
     }
 
     #[test]

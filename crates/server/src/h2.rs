@@ -308,6 +308,27 @@ fn joined_with(headers: &HeaderMap, name: impl AsHeaderName, sep: &[u8]) -> Opti
     Some(out)
 }
 
+/// A request header's fields joined for the access log, which keeps at
+/// most [`crate::access_log::FIELD_MAX`] bytes of it: the join stops one byte
+/// past that (enough for the log to see, and mark, the cut), so HPACK's
+/// cheap repetition of one big indexed field costs no big copy.
+fn joined_for_log(headers: &HeaderMap, name: impl AsHeaderName) -> Option<Vec<u8>> {
+    let cap = crate::access_log::FIELD_MAX + 1;
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?.as_bytes();
+    let mut out = first.get(..cap).unwrap_or(first).to_vec();
+    for v in values {
+        if out.len() >= cap {
+            break;
+        }
+        for part in [&b", "[..], v.as_bytes()] {
+            let room = cap.saturating_sub(out.len());
+            out.extend_from_slice(part.get(..room).unwrap_or(part));
+        }
+    }
+    Some(out)
+}
+
 /// The HTTP/2 name of a response header of the core's (no parsing per
 /// response for the names it uses).
 fn response_header(name: &str) -> Option<HeaderName> {
@@ -409,8 +430,8 @@ async fn serve_stream(
     let path = parts.uri.path().as_bytes();
     let h = &parts.headers;
     let conditionals = crate::respond::CONDITIONAL_FIELDS.map(|name| joined(h, name));
-    let referer = joined(h, &header::REFERER);
-    let user_agent = joined(h, &header::USER_AGENT);
+    let referer = joined_for_log(h, &header::REFERER);
+    let user_agent = joined_for_log(h, &header::USER_AGENT);
     let logged = Logged {
         method: method.as_str(),
         target,

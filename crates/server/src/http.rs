@@ -524,6 +524,9 @@ async fn respond<T: Transport + Send>(
         send(io, out, cx).await.map_err(none_sent)?;
         io.offload().await.map_err(|_| none_sent(End::Done))?;
     }
+    // Where this response begins: what is before it answers earlier
+    // pipelined requests, complete and logged.
+    let ours = out.len();
     write_head(out, cx, &reply, keep_alive, http10);
     if is_head || len == 0 {
         return Ok(Answered {
@@ -545,8 +548,14 @@ async fn respond<T: Transport + Send>(
             None => file.file.read_exact_at(body, start),
         };
         if let Err(e) = filled {
-            // The head promised a length we cannot deliver: drop the connection.
+            // The head promised a length we cannot deliver: drop the
+            // connection, after the responses queued before this one
+            // (within the send timeout; they were logged as answered).
             tracing::warn!(peer = %cx.peer(), "read failed mid-response: {e}");
+            out.truncate(ours);
+            if !out.is_empty() {
+                let _ = send(io, out, cx).await;
+            }
             return Err((
                 End::Abort,
                 Answered {

@@ -37,7 +37,7 @@ fn server_with_stuck_log(fx: &Fixture) -> (Server, std::fs::File) {
     ));
     let s = Server::spawn_with_stdout(&["serve", "--config", config.to_str().unwrap()], stdout);
     // 404s with long paths: cheap to answer, and each line is long so the
-    // pipe fills early. The queue holds 65 536 lines.
+    // pipe fills early. The queue holds 65 536 lines or 16 MiB.
     let url = s.url(&format!("/{}", "x".repeat(200)));
     let deadline = Instant::now() + Duration::from_secs(120);
     while s.metric("tlsgate_access_log_dropped_total") == 0.0 {
@@ -228,4 +228,78 @@ fn a_reload_switches_the_format_of_open_connections_too() {
             serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}\n{text}"));
         assert_eq!(v["status"], 200, "{line}");
     }
+}
+
+/// The server's resident memory in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A log output that stops taking lines costs bounded memory, however big
+/// the lines a client makes: Referers of bytes >= 0x80 (each written as
+/// `\xHH`, four bytes), over HTTP/2 one ~2.9 KB field repeated ten times
+/// (HPACK sends the repeats as one index byte each) and over HTTP/1.1 a
+/// 15 KB one. Before the queue was bounded in bytes and the fields cut,
+/// 3000 such HTTP/2 requests queued ~350 MB of lines and nothing was
+/// counted as dropped.
+#[test]
+fn huge_client_fields_cannot_grow_a_stuck_log_without_bound() {
+    let fx = Fixture::new();
+    let (_reader, stdout) = stalled_fifo(&fx.path().join("stdout.fifo"));
+    let config = fx.write_config(&fx.config(
+        "[server]\nshutdown_timeout = \"2s\"\n[limits]\nhandshake_rate_per_source = 0\n",
+        "",
+    ));
+    let s = Server::spawn_with_stdout(&["serve", "--config", config.to_str().unwrap()], stdout);
+    let url = s.url("/hello.txt");
+    let h2load = |n: &str, headers: &[std::ffi::OsString]| {
+        let out = Command::new("h2load")
+            .args(["-n", n, "-c", "1", "-m", "10", "-t", "1"])
+            .args(headers)
+            .arg(&url)
+            .output()
+            .expect("h2load must be installed (./dev setup installs nghttp2-client)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains(&format!("{n} succeeded")), "{text}");
+    };
+    // Warm up (threads, buffers, TLS) before the baseline.
+    h2load("500", &[]);
+    let before = rss_kib(s.pid());
+
+    // HTTP/2: ten copies of a 2900-byte field of U+00FF (bytes C3 BF).
+    let referer = "\u{ff}".repeat(1450);
+    let headers: Vec<std::ffi::OsString> = (0..10)
+        .flat_map(|_| ["-H".into(), format!("referer: {referer}").into()])
+        .collect();
+    h2load("3000", &headers);
+
+    // HTTP/1.1: keep-alive requests with a 15 000-byte Referer of 0xFF.
+    let mut c = tls_connect(s.addr);
+    let mut req = b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nReferer: ".to_vec();
+    req.extend_from_slice(&[0xff; 15_000]);
+    req.extend_from_slice(b"\r\n\r\n");
+    for _ in 0..1000 {
+        std::io::Write::write_all(&mut c, &req).unwrap();
+        read_hello(&mut c);
+    }
+    drop(c);
+
+    let grown = rss_kib(s.pid()).saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "RSS grew by {grown} KiB with the log output stuck"
+    );
+    assert!(
+        s.metric("tlsgate_access_log_dropped_total") > 0.0,
+        "no line counted as dropped"
+    );
+    // Still serving.
+    let out = s.curl(&["-s", &url]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), HELLO);
 }
