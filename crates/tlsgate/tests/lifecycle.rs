@@ -535,3 +535,69 @@ fn a_reload_to_an_access_log_that_cannot_be_opened_is_refused_whole() {
         "{line}"
     );
 }
+
+/// A config with one pool `app` of the server at `address`, routed `/api`.
+fn config_with_upstream(fx: &Fixture, address: &str) -> String {
+    fx.config(
+        &format!("[[upstream]]\nname = \"app\"\n[[upstream.server]]\naddress = {address:?}\n"),
+        "[[listener.route]]\npath = \"/api\"\nupstream = \"app\"\n",
+    )
+}
+
+#[test]
+fn a_reload_stuck_resolving_a_name_leaves_healthz_and_sigterm_answered() {
+    let fx = Fixture::new();
+    // A name server that never answers: glibc waits 5 s a try, two tries.
+    let ns = format!("127.91.{}.{}", std::process::id() % 250 + 1, 53);
+    let blackhole = std::net::UdpSocket::bind((ns.as_str(), 53)).unwrap();
+    let resolv = fx.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        format!("nameserver {ns}\noptions timeout:5 attempts:2\n"),
+    )
+    .unwrap();
+    let path = fx.write_config(&config_with_upstream(&fx, "127.0.0.1:1"));
+    // tlsgate alone sees that resolv.conf (a mount namespace of its own).
+    let mut s = Server::spawn_under(
+        &[
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+            resolv.to_str().unwrap(),
+        ],
+        &["serve", "--config", path.to_str().unwrap()],
+    );
+    let admin = s.admin.unwrap();
+    let ok = admin_probe(admin, "/healthz", Duration::from_secs(1)).unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // The new configuration names the server: loading it resolves the
+    // name, which takes about 10 s here.
+    fx.write_config(&config_with_upstream(&fx, "app.reload-test.internal:8080"));
+    s.signal("HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let answer = admin_probe(admin, "/healthz", Duration::from_secs(1));
+    let took = t.elapsed();
+    let answer = answer.unwrap_or_else(|e| panic!("/healthz during the reload: {e}"));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    // A second SIGHUP during the reload is queued behind it.
+    s.signal("HUP");
+    s.wait_log("reload requested during a reload", Duration::from_secs(1));
+    let log = s.log();
+    assert!(
+        !log.contains("reloaded configuration") && !log.contains("reload refused"),
+        "the reload was not under way any more:\n{log}"
+    );
+    // SIGTERM does not wait for the reload.
+    let t = Instant::now();
+    s.signal("TERM");
+    let status = s.wait_exit(Duration::from_secs(3));
+    assert!(status.success(), "{status}\n{}", s.log());
+    assert!(t.elapsed() < Duration::from_secs(3));
+    let log = s.log();
+    assert!(!log.contains("reloaded configuration"), "{log}");
+    drop(blackhole);
+}
