@@ -160,10 +160,9 @@ impl Pool {
                     Some(k) if cfg.max_fails > 0 => k.down_until_ms.min(longest),
                     _ => 0,
                 };
+                // Its healthy gauge is set once the pool is put in
+                // service (`Pools::publish`): a reload may yet be refused.
                 let series = metrics.server(labels);
-                series
-                    .healthy
-                    .set(i64::from(check_ok && down_until_ms == 0));
                 Server {
                     addr: RwLock::new(s.addr),
                     cfg: s.clone(),
@@ -566,6 +565,17 @@ impl Pools {
     /// Pool number `i` (`RouteTarget::Upstream(i)`).
     pub fn get(&self, i: usize) -> Option<&Arc<Pool>> {
         self.pools.get(i)
+    }
+
+    /// Sets the servers' `healthy` gauges (shared by every generation's
+    /// pool of that name) to what these pools know: called when they are
+    /// put in service.
+    pub fn publish(&self) {
+        for p in &self.pools {
+            for i in 0..p.servers.len() {
+                p.update_health_gauge(i);
+            }
+        }
     }
 
     /// Starts the active health checks of every pool that has them and the

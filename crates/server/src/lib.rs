@@ -205,6 +205,10 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics, ids.map(|i| i.uid));
     let gen = generation::build(config, certs, &tickets, &metrics.proxy, None)?;
+    tickets
+        .commit(gen.ticket_keys.as_ref())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    gen.pools.publish();
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -493,7 +497,7 @@ impl Reloader {
             ReloadEvent::Built(built, ack) => match *built {
                 Ok(new) => {
                     let ids = new.key_ids.clone();
-                    accept(&self.shared, new);
+                    accept(&self.shared, &self.tickets, new);
                     let _ = ack.send(ids);
                 }
                 Err(e) => refused(&self.shared, e),
@@ -559,7 +563,13 @@ fn build_reload(
 }
 
 /// Puts a reloaded generation in service (on the main loop).
-fn accept(shared: &Shared, new: Generation) {
+fn accept(shared: &Shared, tickets: &TicketCache, new: Generation) {
+    if let Err(e) = tickets.commit(new.ticket_keys.as_ref()) {
+        tracing::error!("cannot start the new session ticket keys' refresher: {e}");
+    }
+    // Its view of the servers' health goes into the shared gauges now,
+    // not while it was built (a refused one never writes there).
+    new.pools.publish();
     shared.access_log.reopen(
         new.config.access_log.target.clone(),
         new.config.access_log.format,

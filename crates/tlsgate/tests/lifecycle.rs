@@ -601,3 +601,56 @@ fn a_reload_stuck_resolving_a_name_leaves_healthz_and_sigterm_answered() {
     assert!(!log.contains("reloaded configuration"), "{log}");
     drop(blackhole);
 }
+
+/// `openssl s_client -tls1_2` to `addr`, saving (`out`) or offering the
+/// session in `sess`: whether the session was resumed.
+fn resumed_tls12(addr: std::net::SocketAddr, sess: &std::path::Path, out: bool) -> bool {
+    let flag = if out { "-sess_out" } else { "-sess_in" };
+    let o = s_client(addr, &["-tls1_2", flag, sess.to_str().unwrap()], b"");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains("\nNew,") || text.contains("\nReused,"),
+        "no handshake:\n{text}"
+    );
+    text.contains("\nReused,")
+}
+
+#[test]
+fn a_refused_reload_leaves_the_session_ticket_keys_alone() {
+    let fx = Fixture::new();
+    let cfg = |lifetime: &str, listen: &str| {
+        fx.config(&format!("[tls]\nticket_lifetime = {lifetime:?}\n"), "")
+            .replace(
+                "listen = [\"127.0.0.1:0\"]",
+                &format!("listen = [{listen:?}]"),
+            )
+    };
+    let mut s = Server::start(&fx, &cfg("12h", "127.0.0.1:0"));
+    let sess = fx.path().join("session.pem");
+    assert!(!resumed_tls12(s.addr, &sess, true));
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    assert!(
+        resumed_tls12(s.addr, &sess, false),
+        "not resumed after a plain reload"
+    );
+    // New ticket settings, refused for its changed listen address: the
+    // keys it made must not replace the running ones...
+    fx.write_config(&cfg("13h", "127.0.0.3:0"));
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    // ...or the running settings, loaded again, count as a change.
+    fx.write_config(&cfg("12h", "127.0.0.1:0"));
+    s.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.log().matches("reloaded configuration").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        resumed_tls12(s.addr, &sess, false),
+        "a ticket from before the refused reload no longer resumes:\n{}",
+        s.admin_get("/metrics")
+    );
+    assert!(s.running());
+}
