@@ -96,6 +96,11 @@ pub struct Pool {
     /// Tells this pool's private connections (`proxy_protocol`) from
     /// those of the pool of the same name before or after a reload.
     id: u64,
+    /// Becomes true when a reload replaces the pool's generation: its
+    /// health checks and name resolution end, its idle connections are
+    /// closed and no more are kept, its gauges are left to the new pool.
+    /// Requests still in flight on it finish (opening connections anew).
+    retired: tokio::sync::watch::Sender<bool>,
 }
 
 /// A server's state carried over a reload.
@@ -192,6 +197,7 @@ impl Pool {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 NEXT.fetch_add(1, Ordering::Relaxed)
             },
+            retired: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -421,6 +427,9 @@ impl Pool {
         if !s.may_reuse(&conn) {
             return;
         }
+        if self.is_retired() {
+            return;
+        }
         if conn.private {
             client.keep(self.id, conn, (self.cfg.idle_timeout, self.cfg.max_idle));
             return;
@@ -429,6 +438,10 @@ impl Pool {
             return;
         };
         let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock: `retire` empties every list after setting it.
+        if self.is_retired() {
+            return;
+        }
         // Expired ones first, so the list does not fill with dead ones
         // (one clock read for all of them).
         let now = Instant::now();
@@ -528,7 +541,36 @@ impl Pool {
         }
     }
 
+    /// Whether a reload replaced this pool's generation.
+    pub(crate) fn is_retired(&self) -> bool {
+        *self.retired.borrow()
+    }
+
+    /// Tells this pool's background tasks to end when it is retired (or
+    /// dropped); holds no reference to the pool.
+    pub(crate) fn retirement(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.retired.subscribe()
+    }
+
+    /// See [`Pool::retired`](Self): ends the background tasks, closes the
+    /// idle connections.
+    fn retire(&self) {
+        self.retired.send_replace(true);
+        for s in &self.servers {
+            for list in &s.idle {
+                let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+                s.series.connections_idle.dec_by(list.len() as i64);
+                list.clear();
+            }
+        }
+    }
+
     pub(crate) fn update_health_gauge(&self, i: usize) {
+        // The series is shared with the pool of the same name that
+        // replaced this one: it alone writes there.
+        if self.is_retired() {
+            return;
+        }
         if let Some(s) = self.servers.get(i) {
             s.series.healthy.set(i64::from(self.in_service(i)));
         }
@@ -578,6 +620,17 @@ impl Pools {
         }
     }
 
+    /// Retires these pools when a reload replaced their generation: health
+    /// checks and name resolution stop (within a check's timeout), idle
+    /// connections are closed and none are kept from now on, the gauges
+    /// are left to the new pools. Requests in flight on them finish, on
+    /// connections opened anew if they need one.
+    pub fn retire(&self) {
+        for p in &self.pools {
+            p.retire();
+        }
+    }
+
     /// Starts the active health checks of every pool that has them and the
     /// resolution of server names again, each on a thread of its own that
     /// ends once these pools are dropped (after a reload, when the last
@@ -605,9 +658,14 @@ mod tests {
         pool_of(&[addr], keys, None)
     }
 
-    fn pool_of(servers: &[SocketAddr], keys: &str, previous: Option<&Pool>) -> Pool {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.toml");
+    /// The configuration of [`pool_of`] with `[server] workers`.
+    fn config_of(
+        dir: &std::path::Path,
+        servers: &[SocketAddr],
+        keys: &str,
+        workers: usize,
+    ) -> tlsgate_config::Config {
+        let path = dir.join("t.toml");
         let servers: String = servers
             .iter()
             .map(|a| format!("[[upstream.server]]\naddress = \"{a}\"\n"))
@@ -615,12 +673,37 @@ mod tests {
         std::fs::write(
             &path,
             format!(
-                "[[upstream]]\nname = \"app\"\n{keys}\n{servers}\
+                "[server]\nworkers = {workers}\n[[upstream]]\nname = \"app\"\n{keys}\n{servers}\
                  [[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"/tmp\"\nself_signed = true\n"
             ),
         )
         .unwrap();
-        let config = tlsgate_config::load(Some(&path), &Default::default(), dir.path()).unwrap();
+        tlsgate_config::load(Some(&path), &Default::default(), dir).unwrap()
+    }
+
+    #[test]
+    fn a_retired_pool_keeps_no_idle_connection_and_leaves_the_gauge() {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = ["127.0.0.1:1".parse().unwrap()];
+        let metrics = tlsgate_metrics::Metrics::new().proxy;
+        let config = config_of(dir.path(), &servers, "", 1);
+        let old = Pools::build(&config, &metrics, None).unwrap();
+        old.publish();
+        let new = Pools::build(&config, &metrics, Some(&old)).unwrap();
+        new.publish();
+        old.retire();
+        assert!(old.pools[0].is_retired());
+        // A passive mark on the old pool's server stays out of the series
+        // the new pool reports in.
+        for _ in 0..old.pools[0].cfg.max_fails.max(1) {
+            old.pools[0].failed(0, Failure::Connect);
+        }
+        assert_eq!(new.pools[0].servers[0].series.healthy.get(), 1);
+    }
+
+    fn pool_of(servers: &[SocketAddr], keys: &str, previous: Option<&Pool>) -> Pool {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_of(dir.path(), servers, keys, 1);
         let metrics = tlsgate_metrics::Metrics::new().proxy;
         Pool::new("t", &config.upstreams[0], 1, &metrics, previous).unwrap()
     }

@@ -97,6 +97,9 @@ const FINAL_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct Shared {
     /// The running generation; replaced whole on reload.
     pub current: ArcSwap<Generation>,
+    /// Generations a reload replaced, while connections still hold them:
+    /// the workers sweep their file caches too.
+    retired: Mutex<Vec<std::sync::Weak<Generation>>>,
     /// Metrics.
     pub metrics: Metrics,
     /// Connection limits.
@@ -117,6 +120,18 @@ pub struct Shared {
     pub shutdown: watch::Sender<bool>,
     /// What the kernel offers for TLS offload, probed once at start.
     pub ktls: tlsgate_sys::ktls::Support,
+}
+
+impl Shared {
+    /// The generations a reload replaced that connections still hold.
+    pub(crate) fn retired_generations(&self) -> Vec<Arc<Generation>> {
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
+    }
 }
 
 /// Where the configuration comes from, kept for reloads.
@@ -285,6 +300,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         current: ArcSwap::from_pointee(gen),
+        retired: Mutex::new(Vec::new()),
         metrics,
         limiter: Arc::new(ConnLimiter::default()),
         handshakes: Arc::new(HandshakeLimiter::default()),
@@ -562,7 +578,8 @@ fn build_reload(
     Ok(new)
 }
 
-/// Puts a reloaded generation in service (on the main loop).
+/// Puts a reloaded generation in service (on the main loop) and retires
+/// the one it replaces.
 fn accept(shared: &Shared, tickets: &TicketCache, new: Generation) {
     if let Err(e) = tickets.commit(new.ticket_keys.as_ref()) {
         tracing::error!("cannot start the new session ticket keys' refresher: {e}");
@@ -578,7 +595,17 @@ fn accept(shared: &Shared, tickets: &TicketCache, new: Generation) {
     if let Err(e) = new.pools.start_background_tasks() {
         tracing::error!("cannot start the new pools' health checks and name resolution: {e}");
     }
-    shared.current.store(Arc::new(new));
+    let old = shared.current.swap(Arc::new(new));
+    // Connections accepted under it keep it until they end: its health
+    // checks and name lookups stop now, its idle upstream connections
+    // close, its file caches are still swept.
+    old.pools.retire();
+    let mut retired = shared
+        .retired
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    retired.retain(|g| g.strong_count() > 0);
+    retired.push(Arc::downgrade(&old));
     shared
         .metrics
         .reloads
