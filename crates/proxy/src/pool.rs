@@ -580,17 +580,24 @@ impl Pool {
 /// Every pool of a generation, by `[[upstream]]` index.
 pub struct Pools {
     pub(crate) pools: Vec<Arc<Pool>>,
+    /// The worker threads their idle lists are for.
+    pub(crate) workers: usize,
 }
 
 impl Pools {
     /// Builds the pools of `config` (none when it has no `[[upstream]]`);
     /// on a reload, `previous` are the running ones, whose servers' states
-    /// carry over (see [`Pool::new`]).
+    /// carry over (see [`Pool::new`]), and their worker count, which a
+    /// reload cannot change.
     pub fn build(
         config: &tlsgate_config::Config,
         metrics: &ProxyMetrics,
         previous: Option<&Pools>,
     ) -> Result<Pools, ConfigError> {
+        // The worker threads are those started with the first
+        // configuration (a changed `server.workers` waits for a restart):
+        // one idle list each, not one per worker the new file names.
+        let workers = previous.map_or(config.workers, |p| p.workers);
         let pools = config
             .upstreams
             .iter()
@@ -598,10 +605,10 @@ impl Pools {
                 let before = previous
                     .and_then(|p| p.pools.iter().find(|p| p.cfg.name == u.name))
                     .map(|p| &**p);
-                Pool::new(&config.origin, u, config.workers, metrics, before).map(Arc::new)
+                Pool::new(&config.origin, u, workers, metrics, before).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
-        Ok(Pools { pools })
+        Ok(Pools { pools, workers })
     }
 
     /// Pool number `i` (`RouteTarget::Upstream(i)`).
@@ -679,6 +686,23 @@ mod tests {
         )
         .unwrap();
         tlsgate_config::load(Some(&path), &Default::default(), dir).unwrap()
+    }
+
+    #[test]
+    fn a_reload_keeps_one_idle_list_per_running_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = ["127.0.0.1:1".parse().unwrap()];
+        let metrics = tlsgate_metrics::Metrics::new().proxy;
+        let first = Pools::build(&config_of(dir.path(), &servers, "", 8), &metrics, None).unwrap();
+        let idle_lists = |p: &Pools| p.pools[0].servers[0].idle.len();
+        assert_eq!(idle_lists(&first), 10);
+        // `server.workers = 2` waits for a restart: the 8 threads still
+        // each need a list of their own.
+        let fewer = config_of(dir.path(), &servers, "", 2);
+        let reloaded = Pools::build(&fewer, &metrics, Some(&first)).unwrap();
+        assert_eq!(idle_lists(&reloaded), 10);
+        let again = Pools::build(&fewer, &metrics, Some(&reloaded)).unwrap();
+        assert_eq!(idle_lists(&again), 10);
     }
 
     #[test]
