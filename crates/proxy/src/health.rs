@@ -1,7 +1,8 @@
 //! Active health checks: per server, a GET of the configured path every
 //! `interval`; `fall` failures in a row take it out of service, `rise`
 //! successes bring it back. They run on a thread of their own per
-//! generation, holding only weak references, so they end with the pools.
+//! generation, holding only weak references, so they end with the pools,
+//! or as soon as a reload retires them.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -31,8 +32,14 @@ pub(crate) fn start(pools: &[Arc<Pool>]) -> std::io::Result<()> {
 
 async fn check_loop(pool: Weak<Pool>, i: usize) {
     let (mut ok_run, mut bad_run) = (0u32, 0u32);
+    let Some(mut retired) = pool.upgrade().map(|p| p.retirement()) else {
+        return;
+    };
     loop {
         let Some(p) = pool.upgrade() else { return };
+        if p.is_retired() {
+            return;
+        }
         let Some(hc) = p.cfg.health_check.clone() else {
             return;
         };
@@ -60,7 +67,11 @@ async fn check_loop(pool: Weak<Pool>, i: usize) {
         }
         p.update_health_gauge(i);
         drop(p);
-        tokio::time::sleep(hc.interval).await;
+        // A reload that replaces the pool ends the wait, and the checks.
+        tokio::select! {
+            () = tokio::time::sleep(hc.interval) => {}
+            _ = retired.changed() => return,
+        }
     }
 }
 

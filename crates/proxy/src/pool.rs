@@ -96,6 +96,11 @@ pub struct Pool {
     /// Tells this pool's private connections (`proxy_protocol`) from
     /// those of the pool of the same name before or after a reload.
     id: u64,
+    /// Becomes true when a reload replaces the pool's generation: its
+    /// health checks and name resolution end, its idle connections are
+    /// closed and no more are kept, its gauges are left to the new pool.
+    /// Requests still in flight on it finish (opening connections anew).
+    retired: tokio::sync::watch::Sender<bool>,
 }
 
 /// A server's state carried over a reload.
@@ -160,10 +165,9 @@ impl Pool {
                     Some(k) if cfg.max_fails > 0 => k.down_until_ms.min(longest),
                     _ => 0,
                 };
+                // Its healthy gauge is set once the pool is put in
+                // service (`Pools::publish`): a reload may yet be refused.
                 let series = metrics.server(labels);
-                series
-                    .healthy
-                    .set(i64::from(check_ok && down_until_ms == 0));
                 Server {
                     addr: RwLock::new(s.addr),
                     cfg: s.clone(),
@@ -193,6 +197,7 @@ impl Pool {
                 static NEXT: AtomicU64 = AtomicU64::new(0);
                 NEXT.fetch_add(1, Ordering::Relaxed)
             },
+            retired: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -422,6 +427,9 @@ impl Pool {
         if !s.may_reuse(&conn) {
             return;
         }
+        if self.is_retired() {
+            return;
+        }
         if conn.private {
             client.keep(self.id, conn, (self.cfg.idle_timeout, self.cfg.max_idle));
             return;
@@ -430,6 +438,10 @@ impl Pool {
             return;
         };
         let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock: `retire` empties every list after setting it.
+        if self.is_retired() {
+            return;
+        }
         // Expired ones first, so the list does not fill with dead ones
         // (one clock read for all of them).
         let now = Instant::now();
@@ -529,7 +541,36 @@ impl Pool {
         }
     }
 
+    /// Whether a reload replaced this pool's generation.
+    pub(crate) fn is_retired(&self) -> bool {
+        *self.retired.borrow()
+    }
+
+    /// Tells this pool's background tasks to end when it is retired (or
+    /// dropped); holds no reference to the pool.
+    pub(crate) fn retirement(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.retired.subscribe()
+    }
+
+    /// See [`Pool::retired`](Self): ends the background tasks, closes the
+    /// idle connections.
+    fn retire(&self) {
+        self.retired.send_replace(true);
+        for s in &self.servers {
+            for list in &s.idle {
+                let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+                s.series.connections_idle.dec_by(list.len() as i64);
+                list.clear();
+            }
+        }
+    }
+
     pub(crate) fn update_health_gauge(&self, i: usize) {
+        // The series is shared with the pool of the same name that
+        // replaced this one: it alone writes there.
+        if self.is_retired() {
+            return;
+        }
         if let Some(s) = self.servers.get(i) {
             s.series.healthy.set(i64::from(self.in_service(i)));
         }
@@ -539,17 +580,24 @@ impl Pool {
 /// Every pool of a generation, by `[[upstream]]` index.
 pub struct Pools {
     pub(crate) pools: Vec<Arc<Pool>>,
+    /// The worker threads their idle lists are for.
+    pub(crate) workers: usize,
 }
 
 impl Pools {
     /// Builds the pools of `config` (none when it has no `[[upstream]]`);
     /// on a reload, `previous` are the running ones, whose servers' states
-    /// carry over (see [`Pool::new`]).
+    /// carry over (see [`Pool::new`]), and their worker count, which a
+    /// reload cannot change.
     pub fn build(
         config: &tlsgate_config::Config,
         metrics: &ProxyMetrics,
         previous: Option<&Pools>,
     ) -> Result<Pools, ConfigError> {
+        // The worker threads are those started with the first
+        // configuration (a changed `server.workers` waits for a restart):
+        // one idle list each, not one per worker the new file names.
+        let workers = previous.map_or(config.workers, |p| p.workers);
         let pools = config
             .upstreams
             .iter()
@@ -557,15 +605,37 @@ impl Pools {
                 let before = previous
                     .and_then(|p| p.pools.iter().find(|p| p.cfg.name == u.name))
                     .map(|p| &**p);
-                Pool::new(&config.origin, u, config.workers, metrics, before).map(Arc::new)
+                Pool::new(&config.origin, u, workers, metrics, before).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
-        Ok(Pools { pools })
+        Ok(Pools { pools, workers })
     }
 
     /// Pool number `i` (`RouteTarget::Upstream(i)`).
     pub fn get(&self, i: usize) -> Option<&Arc<Pool>> {
         self.pools.get(i)
+    }
+
+    /// Sets the servers' `healthy` gauges (shared by every generation's
+    /// pool of that name) to what these pools know: called when they are
+    /// put in service.
+    pub fn publish(&self) {
+        for p in &self.pools {
+            for i in 0..p.servers.len() {
+                p.update_health_gauge(i);
+            }
+        }
+    }
+
+    /// Retires these pools when a reload replaced their generation: health
+    /// checks and name resolution stop (within a check's timeout), idle
+    /// connections are closed and none are kept from now on, the gauges
+    /// are left to the new pools. Requests in flight on them finish, on
+    /// connections opened anew if they need one.
+    pub fn retire(&self) {
+        for p in &self.pools {
+            p.retire();
+        }
     }
 
     /// Starts the active health checks of every pool that has them and the
@@ -595,9 +665,14 @@ mod tests {
         pool_of(&[addr], keys, None)
     }
 
-    fn pool_of(servers: &[SocketAddr], keys: &str, previous: Option<&Pool>) -> Pool {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t.toml");
+    /// The configuration of [`pool_of`] with `[server] workers`.
+    fn config_of(
+        dir: &std::path::Path,
+        servers: &[SocketAddr],
+        keys: &str,
+        workers: usize,
+    ) -> tlsgate_config::Config {
+        let path = dir.join("t.toml");
         let servers: String = servers
             .iter()
             .map(|a| format!("[[upstream.server]]\naddress = \"{a}\"\n"))
@@ -605,12 +680,54 @@ mod tests {
         std::fs::write(
             &path,
             format!(
-                "[[upstream]]\nname = \"app\"\n{keys}\n{servers}\
+                "[server]\nworkers = {workers}\n[[upstream]]\nname = \"app\"\n{keys}\n{servers}\
                  [[listener]]\nlisten = [\"127.0.0.1:0\"]\nroot = \"/tmp\"\nself_signed = true\n"
             ),
         )
         .unwrap();
-        let config = tlsgate_config::load(Some(&path), &Default::default(), dir.path()).unwrap();
+        tlsgate_config::load(Some(&path), &Default::default(), dir).unwrap()
+    }
+
+    #[test]
+    fn a_reload_keeps_one_idle_list_per_running_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = ["127.0.0.1:1".parse().unwrap()];
+        let metrics = tlsgate_metrics::Metrics::new().proxy;
+        let first = Pools::build(&config_of(dir.path(), &servers, "", 8), &metrics, None).unwrap();
+        let idle_lists = |p: &Pools| p.pools[0].servers[0].idle.len();
+        assert_eq!(idle_lists(&first), 10);
+        // `server.workers = 2` waits for a restart: the 8 threads still
+        // each need a list of their own.
+        let fewer = config_of(dir.path(), &servers, "", 2);
+        let reloaded = Pools::build(&fewer, &metrics, Some(&first)).unwrap();
+        assert_eq!(idle_lists(&reloaded), 10);
+        let again = Pools::build(&fewer, &metrics, Some(&reloaded)).unwrap();
+        assert_eq!(idle_lists(&again), 10);
+    }
+
+    #[test]
+    fn a_retired_pool_keeps_no_idle_connection_and_leaves_the_gauge() {
+        let dir = tempfile::tempdir().unwrap();
+        let servers = ["127.0.0.1:1".parse().unwrap()];
+        let metrics = tlsgate_metrics::Metrics::new().proxy;
+        let config = config_of(dir.path(), &servers, "", 1);
+        let old = Pools::build(&config, &metrics, None).unwrap();
+        old.publish();
+        let new = Pools::build(&config, &metrics, Some(&old)).unwrap();
+        new.publish();
+        old.retire();
+        assert!(old.pools[0].is_retired());
+        // A passive mark on the old pool's server stays out of the series
+        // the new pool reports in.
+        for _ in 0..old.pools[0].cfg.max_fails.max(1) {
+            old.pools[0].failed(0, Failure::Connect);
+        }
+        assert_eq!(new.pools[0].servers[0].series.healthy.get(), 1);
+    }
+
+    fn pool_of(servers: &[SocketAddr], keys: &str, previous: Option<&Pool>) -> Pool {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config_of(dir.path(), servers, keys, 1);
         let metrics = tlsgate_metrics::Metrics::new().proxy;
         Pool::new("t", &config.upstreams[0], 1, &metrics, previous).unwrap()
     }

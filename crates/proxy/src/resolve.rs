@@ -4,7 +4,7 @@
 //! connections there, and its idle ones to the old address are let go. A
 //! failed lookup keeps the last address. Like the health checks, this
 //! runs on a thread of its own per generation holding weak references, so
-//! it ends with the pools.
+//! it ends with the pools, or as soon as a reload retires them.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -28,12 +28,22 @@ pub(crate) fn start(pools: &[Arc<Pool>]) -> std::io::Result<()> {
 }
 
 async fn pool_loop(pool: Weak<Pool>) {
+    let Some(mut retired) = pool.upgrade().map(|p| p.retirement()) else {
+        return;
+    };
     loop {
         let Some(interval) = pool.upgrade().map(|p| p.cfg.resolve_interval) else {
             return;
         };
-        tokio::time::sleep(interval).await;
+        // A reload that replaces the pool ends the wait, and the lookups.
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            _ = retired.changed() => return,
+        }
         let Some(p) = pool.upgrade() else { return };
+        if p.is_retired() {
+            return;
+        }
         for (i, s) in p.servers.iter().enumerate().filter(|(_, s)| s.cfg.named) {
             let current = s.addr();
             let found =

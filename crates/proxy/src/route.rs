@@ -181,7 +181,10 @@ mod tests {
     }
 
     fn router(routes: &[Route]) -> Router<String> {
-        let pools = Pools { pools: Vec::new() };
+        let pools = Pools {
+            pools: Vec::new(),
+            workers: 1,
+        };
         Router::build(routes, &pools, |_, p| Ok::<_, ()>(p.display().to_string()))
             .unwrap_or_default()
     }

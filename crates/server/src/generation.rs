@@ -35,6 +35,9 @@ pub struct Generation {
     /// Upstream pools (`[[upstream]]`); a reload builds new ones, requests
     /// in flight finish on these.
     pub pools: Pools,
+    /// Its session ticket keys, made current (for later reloads to keep)
+    /// only when it is put in service.
+    pub(crate) ticket_keys: Option<crate::tickets::Chosen>,
 }
 
 impl Generation {
@@ -86,6 +89,7 @@ pub fn build(
             // Bound to the listener and its client certificate policy: its
             // tickets resume only on the listener at the same place in the
             // configuration (here or on a fleet peer), under the same policy.
+            let keys = &keys.1;
             tls.set_tickets(|tag| keys.for_listener(&format!("{}{tag}", l.key_path)));
         }
         let open = |key: String, path: &std::path::Path| {
@@ -126,5 +130,6 @@ pub fn build(
         sites,
         key_ids,
         pools,
+        ticket_keys,
     })
 }

@@ -213,7 +213,11 @@ async fn serve_inner<T: Transport + Send>(io: &mut T, cx: &mut HttpCtx<'_>) -> E
         }
         let mut keep_alive = head.keep_alive()
             && served < limits.max_requests_per_connection
-            && !*cx.shutdown.borrow();
+            && !*cx.shutdown.borrow()
+            // After a reload this connection still meets the generation it
+            // was accepted under: Connection: close brings its client to
+            // the new one, as for proxied requests and h2's GOAWAY.
+            && !crate::proxy::reloaded(cx);
         inbuf.drain(..head.head_len().min(inbuf.len()));
 
         // A route may send the request to an upstream pool (which reads

@@ -30,7 +30,8 @@ mod worker;
 mod xdp;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 use tlsgate_config::{Config, ConfigError, Overrides};
@@ -96,6 +97,9 @@ const FINAL_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct Shared {
     /// The running generation; replaced whole on reload.
     pub current: ArcSwap<Generation>,
+    /// Generations a reload replaced, while connections still hold them:
+    /// the workers sweep their file caches too.
+    retired: Mutex<Vec<std::sync::Weak<Generation>>>,
     /// Metrics.
     pub metrics: Metrics,
     /// Connection limits.
@@ -116,6 +120,18 @@ pub struct Shared {
     pub shutdown: watch::Sender<bool>,
     /// What the kernel offers for TLS offload, probed once at start.
     pub ktls: tlsgate_sys::ktls::Support,
+}
+
+impl Shared {
+    /// The generations a reload replaced that connections still hold.
+    pub(crate) fn retired_generations(&self) -> Vec<Arc<Generation>> {
+        self.retired
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect()
+    }
 }
 
 /// Where the configuration comes from, kept for reloads.
@@ -204,6 +220,10 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let mut metrics = Metrics::new();
     let tickets = TicketCache::serving(&metrics, ids.map(|i| i.uid));
     let gen = generation::build(config, certs, &tickets, &metrics.proxy, None)?;
+    tickets
+        .commit(gen.ticket_keys.as_ref())
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    gen.pools.publish();
     keys.set_active(gen.key_ids.clone());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -263,7 +283,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     };
     // Attaching XDP needs the privileges we are about to drop; the program
     // goes when `gate` does (or with the process).
-    let mut gate = xdp::Gate::start(&gen.config, &mut metrics)?;
+    let gate = xdp::Gate::start(&gen.config, &mut metrics)?;
     // Probed with our privileges: the kernel loads the `tls` module on
     // first use only for CAP_NET_ADMIN.
     let ktls = probe_ktls(&metrics);
@@ -280,6 +300,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     let (shutdown, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         current: ArcSwap::from_pointee(gen),
+        retired: Mutex::new(Vec::new()),
         metrics,
         limiter: Arc::new(ConnLimiter::default()),
         handshakes: Arc::new(HandshakeLimiter::default()),
@@ -316,6 +337,18 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         }
     }
 
+    let (reload_events, mut reload_done) = tokio::sync::mpsc::unbounded_channel();
+    let gate = Arc::new(Mutex::new(Some(gate)));
+    let mut reloads = Reloader {
+        launch: Arc::new(launch),
+        shared: shared.clone(),
+        keys: Arc::new(keys),
+        tickets: Arc::new(tickets),
+        gate: gate.clone(),
+        events: reload_events,
+        running: false,
+        queued: None,
+    };
     rt.block_on(async {
         if let Some(l) = admin {
             let l = tokio::net::TcpListener::from_std(l)?;
@@ -325,18 +358,37 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         // SynGate's interface may be deleted under it: checked every second.
         let mut xdp_watch = tokio::time::interval(std::time::Duration::from_secs(1));
         xdp_watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A reload runs on a thread of its own (see `Reloader`): this loop
+        // keeps answering signals, and the admin listener its probes, while
+        // one resolves names or waits for the key server.
+        let held = || {
+            gate.try_lock()
+                .is_ok_and(|g| g.as_ref().is_some_and(xdp::Gate::is_held))
+        };
         loop {
             tokio::select! {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
-                _ = hup.recv() => {
-                    gate.refresh();
-                    reload(&launch, &shared, &keys, &tickets)
+                _ = hup.recv() => reloads.request(true),
+                Some(()) = rekeyed.recv() => reloads.request(false),
+                Some(event) = reload_done.recv() => reloads.event(event),
+                _ = xdp_watch.tick(), if held() => {
+                    if let Ok(mut g) = gate.try_lock() {
+                        if let Some(g) = g.as_mut() {
+                            g.watch();
+                        }
+                    }
                 }
-                Some(()) = rekeyed.recv() => reload(&launch, &shared, &keys, &tickets),
-                _ = xdp_watch.tick(), if gate.is_held() => gate.watch(),
             }
         }
+        if reloads.running {
+            // Its thread may still be waiting (a name, the key server):
+            // what it builds is dropped, never put in service.
+            tracing::info!("shutdown: the reload under way is abandoned");
+        }
+        // Its thread's result has nowhere to go (the key client stays, for
+        // the handshakes of the grace period).
+        drop(reload_done);
         // Shutdown runs on this runtime too: the admin listener lives here,
         // and /healthz must answer 503 while requests in flight finish.
         let grace = shared.current.load().config.shutdown_timeout;
@@ -364,96 +416,217 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     })?;
     // Not waiting for a join or flush that the deadline above gave up on.
     rt.shutdown_background();
-    drop(gate);
+    // Waits only for an XDP refresh under way on a reload thread.
+    drop(gate.lock().unwrap_or_else(PoisonError::into_inner).take());
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Rebuilds the generation from the same sources; on any error the running
-/// one stays and the error is logged.
-fn reload(launch: &Launch, shared: &Shared, keys: &Keys, tickets: &TicketCache) {
-    let result = launch
-        .load()
-        .map_err(StartError::from)
-        .and_then(|c| {
-            // As the user we now run as: the writer opens it after this.
-            access_log::check_target(&c, None)?;
-            let running = shared.current.load();
-            let certs = keys.certificates(&c, &running.key_ids)?;
-            generation::build(c, certs, tickets, &shared.metrics.proxy, Some(&running))
-        })
-        .and_then(|new| {
-            let old = shared.current.load();
-            let addrs = |g: &Generation| {
-                g.config
-                    .listeners
-                    .iter()
-                    .map(|l| l.addrs.clone())
-                    .collect::<Vec<_>>()
-            };
-            if addrs(&new) != addrs(&old) {
-                return Err(StartError::Config(ConfigError::new(
-                    &new.config.origin,
-                    "listener",
-                    "listen addresses changed; a restart is needed to apply that",
-                )));
+/// What a reload's thread tells the main loop.
+enum ReloadEvent {
+    /// The new generation, or why there is none. The main loop puts it in
+    /// service (or logs the refusal) and, when it did, sends back the key
+    /// ids for the key server to keep.
+    Built(
+        Box<Result<Generation, StartError>>,
+        std_mpsc::Sender<Vec<u64>>,
+    ),
+    /// The thread is done.
+    Done,
+}
+
+/// Reloads, one at a time, each built on a thread of its own: reading the
+/// configuration, resolving upstream names, the key server's Load call
+/// and the XDP refresh may each take seconds, and the main loop must keep
+/// answering `/healthz` and SIGTERM meanwhile. A SIGHUP (or key change)
+/// that comes during a reload is coalesced: one more reload runs when the
+/// current one ends, however many came. Only the main loop puts a built
+/// generation in service, so a SIGTERM during a reload drops it.
+struct Reloader {
+    launch: Arc<Launch>,
+    shared: Arc<Shared>,
+    keys: Arc<Keys>,
+    tickets: Arc<TicketCache>,
+    gate: Arc<Mutex<Option<xdp::Gate>>>,
+    events: tokio::sync::mpsc::UnboundedSender<ReloadEvent>,
+    /// A reload's thread is running.
+    running: bool,
+    /// Asked for while one ran; `true`: by SIGHUP (XDP is refreshed too).
+    queued: Option<bool>,
+}
+
+impl Reloader {
+    /// Starts a reload, or queues one if a reload is under way.
+    /// `refresh_xdp`: a SIGHUP's, which also re-reads what XDP advertises.
+    fn request(&mut self, refresh_xdp: bool) {
+        if self.running {
+            if self.queued.is_none() {
+                tracing::info!("reload requested during a reload: it runs when this one ends");
             }
-            if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
-                tracing::warn!("server.workers and admin.listen take effect at the next restart");
-            }
-            if new.config.backlog != old.config.backlog
-                || new.config.defer_accept != old.config.defer_accept
-            {
-                tracing::warn!(
-                    "server.backlog and defer_accept take effect at the next restart (the listeners stay open)"
-                );
-            }
-            if new.config.xdp != old.config.xdp {
-                tracing::warn!("[xdp] changes take effect at the next restart");
-            }
-            if new.config.keys != old.config.keys || new.config.privileges != old.config.privileges
-            {
-                tracing::warn!(
-                    "server.key_isolation, key_timeout, user and group take effect at the next restart"
-                );
-            }
-            Ok(new)
-        });
-    match result {
-        Ok(new) => {
-            shared.access_log.reopen(
-                new.config.access_log.target.clone(),
-                new.config.access_log.format,
-            );
-            let origin = new.config.origin.clone();
-            if let Err(e) = new.pools.start_background_tasks() {
-                tracing::error!(
-                    "cannot start the new pools' health checks and name resolution: {e}"
-                );
-            }
-            keys.set_active(new.key_ids.clone());
-            shared.current.store(Arc::new(new));
-            shared
-                .metrics
-                .reloads
-                .get_or_create(&ResultLabel { result: "ok" })
-                .inc();
-            tracing::info!("reloaded configuration from {origin}");
+            self.queued = Some(self.queued.unwrap_or(false) || refresh_xdp);
+            return;
         }
-        Err(e) => {
-            // SIGHUP is also how a rotated log is reopened: that happens
-            // whether or not the new configuration was taken.
-            let running = shared.current.load();
-            shared.access_log.reopen(
-                running.config.access_log.target.clone(),
-                running.config.access_log.format,
-            );
-            shared
-                .metrics
-                .reloads
-                .get_or_create(&ResultLabel { result: "error" })
-                .inc();
-            tracing::error!("reload refused, still serving the previous configuration: {e}");
+        let (launch, shared, keys, tickets, gate, events) = (
+            self.launch.clone(),
+            self.shared.clone(),
+            self.keys.clone(),
+            self.tickets.clone(),
+            self.gate.clone(),
+            self.events.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("reload".into())
+            .spawn(move || {
+                if refresh_xdp {
+                    if let Some(g) = gate.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+                        g.refresh();
+                    }
+                }
+                let built = build_reload(&launch, &shared, &keys, &tickets);
+                let (ack, accepted) = std_mpsc::channel();
+                if events
+                    .send(ReloadEvent::Built(Box::new(built), ack))
+                    .is_ok()
+                {
+                    // After the swap: the key server lets go of the keys
+                    // only the replaced generation used.
+                    if let Ok(ids) = accepted.recv() {
+                        keys.set_active(ids);
+                    }
+                }
+                let _ = events.send(ReloadEvent::Done);
+            });
+        match spawned {
+            Ok(_) => self.running = true,
+            Err(e) => refused(
+                &self.shared,
+                StartError::Io(std::io::Error::other(format!(
+                    "cannot start the reload's thread: {e}"
+                ))),
+            ),
         }
     }
+
+    /// What a reload's thread reported.
+    fn event(&mut self, event: ReloadEvent) {
+        match event {
+            ReloadEvent::Built(built, ack) => match *built {
+                Ok(new) => {
+                    let ids = new.key_ids.clone();
+                    accept(&self.shared, &self.tickets, new);
+                    let _ = ack.send(ids);
+                }
+                Err(e) => refused(&self.shared, e),
+            },
+            ReloadEvent::Done => {
+                self.running = false;
+                if let Some(refresh_xdp) = self.queued.take() {
+                    self.request(refresh_xdp);
+                }
+            }
+        }
+    }
+}
+
+/// Rebuilds the generation from the same sources (on a reload's thread),
+/// checking that it can replace the running one.
+fn build_reload(
+    launch: &Launch,
+    shared: &Shared,
+    keys: &Keys,
+    tickets: &TicketCache,
+) -> Result<Generation, StartError> {
+    let c = launch.load()?;
+    // As the user we now run as: the writer opens it after this.
+    access_log::check_target(&c, None)?;
+    let running = shared.current.load();
+    let certs = keys.certificates(&c, &running.key_ids)?;
+    let new = generation::build(c, certs, tickets, &shared.metrics.proxy, Some(&running))?;
+    let old = &running;
+    let addrs = |g: &Generation| {
+        g.config
+            .listeners
+            .iter()
+            .map(|l| l.addrs.clone())
+            .collect::<Vec<_>>()
+    };
+    if addrs(&new) != addrs(old) {
+        return Err(StartError::Config(ConfigError::new(
+            &new.config.origin,
+            "listener",
+            "listen addresses changed; a restart is needed to apply that",
+        )));
+    }
+    if new.config.workers != old.config.workers || new.config.admin != old.config.admin {
+        tracing::warn!("server.workers and admin.listen take effect at the next restart");
+    }
+    if new.config.backlog != old.config.backlog
+        || new.config.defer_accept != old.config.defer_accept
+    {
+        tracing::warn!(
+            "server.backlog and defer_accept take effect at the next restart (the listeners stay open)"
+        );
+    }
+    if new.config.xdp != old.config.xdp {
+        tracing::warn!("[xdp] changes take effect at the next restart");
+    }
+    if new.config.keys != old.config.keys || new.config.privileges != old.config.privileges {
+        tracing::warn!(
+            "server.key_isolation, key_timeout, user and group take effect at the next restart"
+        );
+    }
+    Ok(new)
+}
+
+/// Puts a reloaded generation in service (on the main loop) and retires
+/// the one it replaces.
+fn accept(shared: &Shared, tickets: &TicketCache, new: Generation) {
+    if let Err(e) = tickets.commit(new.ticket_keys.as_ref()) {
+        tracing::error!("cannot start the new session ticket keys' refresher: {e}");
+    }
+    // Its view of the servers' health goes into the shared gauges now,
+    // not while it was built (a refused one never writes there).
+    new.pools.publish();
+    shared.access_log.reopen(
+        new.config.access_log.target.clone(),
+        new.config.access_log.format,
+    );
+    let origin = new.config.origin.clone();
+    if let Err(e) = new.pools.start_background_tasks() {
+        tracing::error!("cannot start the new pools' health checks and name resolution: {e}");
+    }
+    let old = shared.current.swap(Arc::new(new));
+    // Connections accepted under it keep it until they end: its health
+    // checks and name lookups stop now, its idle upstream connections
+    // close, its file caches are still swept.
+    old.pools.retire();
+    let mut retired = shared
+        .retired
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    retired.retain(|g| g.strong_count() > 0);
+    retired.push(Arc::downgrade(&old));
+    shared
+        .metrics
+        .reloads
+        .get_or_create(&ResultLabel { result: "ok" })
+        .inc();
+    tracing::info!("reloaded configuration from {origin}");
+}
+
+/// Logs and counts a refused reload; the running generation stays.
+fn refused(shared: &Shared, e: StartError) {
+    // SIGHUP is also how a rotated log is reopened: that happens
+    // whether or not the new configuration was taken.
+    let running = shared.current.load();
+    shared.access_log.reopen(
+        running.config.access_log.target.clone(),
+        running.config.access_log.format,
+    );
+    shared
+        .metrics
+        .reloads
+        .get_or_create(&ResultLabel { result: "error" })
+        .inc();
+    tracing::error!("reload refused, still serving the previous configuration: {e}");
 }

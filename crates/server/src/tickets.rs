@@ -66,11 +66,9 @@ impl TicketCache {
     }
 
     /// The keys for `policy`: the current ones if only settings that do
-    /// not concern keys changed, else new ones. `None` when tickets are off.
-    pub(crate) fn get(
-        &self,
-        policy: &SessionTickets,
-    ) -> Result<Option<Arc<TicketKeys>>, TicketKeyError> {
+    /// not concern keys changed, else new ones (kept only once
+    /// [`commit`](Self::commit)ted). `None` when tickets are off.
+    pub(crate) fn get(&self, policy: &SessionTickets) -> Result<Option<Chosen>, TicketKeyError> {
         if !policy.enabled {
             return Ok(None);
         }
@@ -79,20 +77,43 @@ impl TicketCache {
                 && old.key_file == policy.key_file
                 && (policy.key_file.is_some() || old.rotation == policy.rotation)
         };
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((old, keys)) = state.current.as_ref() {
             if same(old) {
-                return Ok(Some(keys.clone()));
+                return Ok(Some((old.clone(), keys.clone())));
             }
         }
+        drop(state);
         let keys = TicketKeys::new(policy, self.run_as, self.observer.clone())?;
+        Ok(Some((policy.clone(), keys)))
+    }
+
+    /// Makes `chosen` (what [`get`](Self::get) gave the generation now put
+    /// in service) the current keys. A generation that is refused is never
+    /// committed: its keys go with it, and the running ones stay current
+    /// (a later reload to the running settings keeps every ticket valid).
+    pub(crate) fn commit(&self, chosen: Option<&Chosen>) -> Result<(), TicketKeyError> {
+        let Some((policy, keys)) = chosen else {
+            return Ok(());
+        };
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state
+            .current
+            .as_ref()
+            .is_some_and(|(_, k)| Arc::ptr_eq(k, keys))
+        {
+            return Ok(());
+        }
+        state.current = Some((policy.clone(), keys.clone()));
         if state.threads {
             keys.spawn_refresher()?;
         }
-        state.current = Some((policy.clone(), keys.clone()));
-        Ok(Some(keys))
+        Ok(())
     }
 }
+
+/// Ticket keys and the settings they were made for.
+pub(crate) type Chosen = (SessionTickets, Arc<TicketKeys>);
 
 /// Counts ticket events in the server's metrics.
 struct MetricsObserver {

@@ -76,8 +76,8 @@ async fn run(shared: Arc<Shared>, sockets: Vec<WorkerSocket>) {
 }
 
 /// Lets go of this worker's cached files once they expire (a deleted
-/// file's space is freed even if nobody asks for it again). Caches of
-/// older generations go with them.
+/// file's space is freed even if nobody asks for it again), those of
+/// generations a reload replaced too, as long as a connection holds them.
 async fn sweep_file_caches(shared: Arc<Shared>) {
     const MIN_PERIOD: Duration = Duration::from_millis(100);
     loop {
@@ -85,6 +85,12 @@ async fn sweep_file_caches(shared: Arc<Shared>) {
             let gen = shared.current.load();
             for root in gen.roots() {
                 root.sweep_cache();
+            }
+            // Generations a reload replaced, while connections hold them.
+            for old in shared.retired_generations() {
+                for root in old.roots() {
+                    root.sweep_cache();
+                }
             }
             gen.config
                 .open_file_cache

@@ -535,3 +535,122 @@ fn a_reload_to_an_access_log_that_cannot_be_opened_is_refused_whole() {
         "{line}"
     );
 }
+
+/// A config with one pool `app` of the server at `address`, routed `/api`.
+fn config_with_upstream(fx: &Fixture, address: &str) -> String {
+    fx.config(
+        &format!("[[upstream]]\nname = \"app\"\n[[upstream.server]]\naddress = {address:?}\n"),
+        "[[listener.route]]\npath = \"/api\"\nupstream = \"app\"\n",
+    )
+}
+
+#[test]
+fn a_reload_stuck_resolving_a_name_leaves_healthz_and_sigterm_answered() {
+    let fx = Fixture::new();
+    // A name server that never answers: glibc waits 5 s a try, two tries.
+    let ns = format!("127.91.{}.{}", std::process::id() % 250 + 1, 53);
+    let blackhole = std::net::UdpSocket::bind((ns.as_str(), 53)).unwrap();
+    let resolv = fx.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        format!("nameserver {ns}\noptions timeout:5 attempts:2\n"),
+    )
+    .unwrap();
+    let path = fx.write_config(&config_with_upstream(&fx, "127.0.0.1:1"));
+    // tlsgate alone sees that resolv.conf (a mount namespace of its own).
+    let mut s = Server::spawn_under(
+        &[
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+            resolv.to_str().unwrap(),
+        ],
+        &["serve", "--config", path.to_str().unwrap()],
+    );
+    let admin = s.admin.unwrap();
+    let ok = admin_probe(admin, "/healthz", Duration::from_secs(1)).unwrap();
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    // The new configuration names the server: loading it resolves the
+    // name, which takes about 10 s here.
+    fx.write_config(&config_with_upstream(&fx, "app.reload-test.internal:8080"));
+    s.signal("HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    let answer = admin_probe(admin, "/healthz", Duration::from_secs(1));
+    let took = t.elapsed();
+    let answer = answer.unwrap_or_else(|e| panic!("/healthz during the reload: {e}"));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    // A second SIGHUP during the reload is queued behind it.
+    s.signal("HUP");
+    s.wait_log("reload requested during a reload", Duration::from_secs(1));
+    let log = s.log();
+    assert!(
+        !log.contains("reloaded configuration") && !log.contains("reload refused"),
+        "the reload was not under way any more:\n{log}"
+    );
+    // SIGTERM does not wait for the reload.
+    let t = Instant::now();
+    s.signal("TERM");
+    let status = s.wait_exit(Duration::from_secs(3));
+    assert!(status.success(), "{status}\n{}", s.log());
+    assert!(t.elapsed() < Duration::from_secs(3));
+    let log = s.log();
+    assert!(!log.contains("reloaded configuration"), "{log}");
+    drop(blackhole);
+}
+
+/// `openssl s_client -tls1_2` to `addr`, saving (`out`) or offering the
+/// session in `sess`: whether the session was resumed.
+fn resumed_tls12(addr: std::net::SocketAddr, sess: &std::path::Path, out: bool) -> bool {
+    let flag = if out { "-sess_out" } else { "-sess_in" };
+    let o = s_client(addr, &["-tls1_2", flag, sess.to_str().unwrap()], b"");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains("\nNew,") || text.contains("\nReused,"),
+        "no handshake:\n{text}"
+    );
+    text.contains("\nReused,")
+}
+
+#[test]
+fn a_refused_reload_leaves_the_session_ticket_keys_alone() {
+    let fx = Fixture::new();
+    let cfg = |lifetime: &str, listen: &str| {
+        fx.config(&format!("[tls]\nticket_lifetime = {lifetime:?}\n"), "")
+            .replace(
+                "listen = [\"127.0.0.1:0\"]",
+                &format!("listen = [{listen:?}]"),
+            )
+    };
+    let mut s = Server::start(&fx, &cfg("12h", "127.0.0.1:0"));
+    let sess = fx.path().join("session.pem");
+    assert!(!resumed_tls12(s.addr, &sess, true));
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    assert!(
+        resumed_tls12(s.addr, &sess, false),
+        "not resumed after a plain reload"
+    );
+    // New ticket settings, refused for its changed listen address: the
+    // keys it made must not replace the running ones...
+    fx.write_config(&cfg("13h", "127.0.0.3:0"));
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    // ...or the running settings, loaded again, count as a change.
+    fx.write_config(&cfg("12h", "127.0.0.1:0"));
+    s.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while s.log().matches("reloaded configuration").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", s.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        resumed_tls12(s.addr, &sess, false),
+        "a ticket from before the refused reload no longer resumes:\n{}",
+        s.admin_get("/metrics")
+    );
+    assert!(s.running());
+}

@@ -1551,3 +1551,62 @@ fn chunked_bodies_over_the_limit_and_http10_clients() {
     // (raw_exchange reads text: compare the same way.)
     assert_eq!(body, String::from_utf8_lossy(&pattern(100)));
 }
+
+/// A keep-alive client of the old generation keeps it alive after a
+/// reload, but no longer its background work: the server the reload
+/// removed gets no more health checks and no idle connection stays open
+/// to it; the client's next static response asks it to come back
+/// (Connection: close), as a proxied one does.
+#[test]
+fn a_replaced_generation_stops_its_checks_while_an_old_client_holds_it() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let check = "[upstream.health_check]\npath = \"/health\"\ninterval = \"100ms\"\n";
+    let text = |servers: &[(String, u32)]| {
+        fx.config(
+            &format!("{NO_RATE_LIMIT}\n{}", pool("app", servers, "", check)),
+            &route("/id", "app", ""),
+        )
+    };
+    let server = Server::start(&fx, &text(&[(a.address(), 1), (b.address(), 1)]));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while b.requests.load(Ordering::Relaxed) < 2 {
+        assert!(Instant::now() < deadline, "b is not checked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut held = tls_connect(server.addr);
+    for _ in 0..4 {
+        assert_eq!(get(&mut held, "/id", "").unwrap().status, 200);
+    }
+    let r = get(&mut held, "/hello.txt", "").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(
+        !r.head.to_ascii_lowercase().contains("connection: close"),
+        "{}",
+        r.head
+    );
+    fx.write_config(&text(&[(a.address(), 1)]));
+    server.signal("HUP");
+    server.wait_log("reloaded configuration from", Duration::from_secs(5));
+    // A check under way when the reload came may still end.
+    std::thread::sleep(Duration::from_millis(600));
+    let checked = b.requests.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_secs(2));
+    let more = b.requests.load(Ordering::Relaxed) - checked;
+    assert_eq!(
+        more, 0,
+        "the removed server was checked {more} times after the reload"
+    );
+    let open = b.conns.load(Ordering::Relaxed) - b.closed.load(Ordering::Relaxed);
+    assert_eq!(open, 0, "connections to the removed server still open");
+    // The old generation still serves its client, once more.
+    let r = get(&mut held, "/hello.txt", "").unwrap();
+    assert_eq!(r.status, 200);
+    assert!(
+        r.head.to_ascii_lowercase().contains("connection: close"),
+        "a static response of a replaced generation keeps the connection:\n{}",
+        r.head
+    );
+    assert!(common::closed_within(&mut held, Duration::from_secs(2)));
+}
