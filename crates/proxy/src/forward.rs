@@ -38,8 +38,11 @@ const CHUNK: usize = 64 * 1024;
 const REPLAY_MAX: usize = 64 * 1024;
 /// Room made for each read of a response head.
 const READ_RESERVE: usize = 16 * 1024;
-/// Interim (1xx) responses skipped before the final one.
-const MAX_INTERIM: usize = 8;
+/// Bytes of interim (1xx) response heads skipped before the final one:
+/// any number of them (a `102 Processing` every few seconds of a long
+/// request), but an upstream cannot keep the proxy parsing for ever; the
+/// response timeout bounds their time.
+const MAX_INTERIM_BYTES: usize = 1024 * 1024;
 /// Limits on an upstream's response head.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_RESPONSE_HEADERS: usize = 200;
@@ -1111,11 +1114,11 @@ fn poll_answer(conn: &mut UpstreamConn, early: &mut Vec<u8>, cx: &mut Context<'_
     }
 }
 
-/// Whether `buf` holds a final response head after at most
-/// [`MAX_INTERIM`] interim ones, or bytes that are no response at all.
+/// Whether `buf` holds a final response head after interim ones (at most
+/// [`MAX_INTERIM_BYTES`] of them), or bytes that are no response at all.
 fn final_head_in(buf: &[u8]) -> bool {
     let mut at = 0;
-    for _ in 0..=MAX_INTERIM {
+    while at <= MAX_INTERIM_BYTES {
         let rest = buf.get(at..).unwrap_or_default();
         match parse_response(rest, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, false) {
             Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
@@ -1307,8 +1310,8 @@ async fn read_response(
         loop {
             match parse_response(&ubuf, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, head_request) {
                 Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
-                    interim += 1;
-                    if interim > MAX_INTERIM {
+                    interim += h.head_len();
+                    if interim > MAX_INTERIM_BYTES {
                         return Err(Failure::BadResponse);
                     }
                     ubuf.drain(..h.head_len());

@@ -1551,3 +1551,17 @@ fn chunked_bodies_over_the_limit_and_http10_clients() {
     // (raw_exchange reads text: compare the same way.)
     assert_eq!(body, String::from_utf8_lossy(&pattern(100)));
 }
+
+/// Any number of interim `102 Processing` heads before the final answer:
+/// the final one is relayed (they were a 502 past 8).
+#[test]
+fn many_interim_responses_before_the_final_one_are_skipped() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let r = get(&mut s, "/processing", "").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(body_text(&r), "done");
+}
