@@ -1552,6 +1552,39 @@ fn chunked_bodies_over_the_limit_and_http10_clients() {
     assert_eq!(body, String::from_utf8_lossy(&pattern(100)));
 }
 
+/// RFC 9110 §6.6.1: a response relayed without `Date` gets one (the test
+/// upstream sends none); HTTP/1.1 and HTTP/2 clients alike.
+#[test]
+fn a_response_without_a_date_is_relayed_with_one() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let answer = common::raw_exchange(
+        server.addr,
+        b"GET /id HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    let head = answer.split_once("\r\n\r\n").unwrap().0;
+    let dates = head
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().starts_with("date: "))
+        .count();
+    assert_eq!(dates, 1, "{head}");
+    assert!(head.contains(" GMT"), "{head}");
+    let out = server.curl(&[
+        "--http2",
+        "-sk",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        &server.url("/id"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(text.starts_with("http/2 200"), "{text}");
+    assert_eq!(text.matches("\ndate: ").count(), 1, "{text}");
+}
+
 /// Any number of interim `102 Processing` heads before the final answer:
 /// the final one is relayed (they were a 502 past 8).
 #[test]
