@@ -347,6 +347,8 @@ struct Outgoing<'a, F> {
     body: BodyFraming,
     websocket: Option<&'a [u8]>,
     peer: SocketAddr,
+    /// The client connection (its server name, for a missing Host).
+    conn: &'a ClientConn,
     client_cert: Option<&'a str>,
 }
 
@@ -361,8 +363,15 @@ where
     out.push(b' ');
     out.extend_from_slice(o.target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    // HTTP/1.1 requires a Host (RFC 9112 §3.2) and an empty one is
+    // refused by most servers (nginx: 400).
+    // X-Forwarded-Host and Forwarded carry only what the client sent.
     let host = o.host;
-    write_header(&mut out, "Host", host);
+    if host.is_empty() {
+        write_header(&mut out, "Host", &o.conn.fallback_host());
+    } else {
+        write_header(&mut out, "Host", host);
+    }
     let named = connection_named((o.fields)());
     for (name, value) in (o.fields)() {
         // The strict parser (and h2's own checks) already refused CR, LF
@@ -446,6 +455,7 @@ pub fn upstream_stream_head(r: &StreamRequest<'_>) -> Result<(Vec<u8>, BodyFrami
         body: framing,
         websocket: None,
         peer: r.conn.peer,
+        conn: r.conn,
         client_cert: r.client_cert.as_deref(),
     });
     Ok((head, framing))
@@ -486,6 +496,7 @@ pub fn upstream_request_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
         body: head.body(),
         websocket: websocket_upgrade(head),
         peer: r.conn.peer,
+        conn: r.conn,
         client_cert: r.client_cert.as_deref(),
     }))
 }
@@ -2023,6 +2034,7 @@ mod tests {
             body: BodyFraming::Chunked,
             websocket: None,
             peer: "192.0.2.7:5555".parse().unwrap(),
+            conn: &ClientConn::new("192.0.2.7:5555".parse().unwrap(), None),
             client_cert: None,
         };
         let head = String::from_utf8(upstream_head(&o)).unwrap();

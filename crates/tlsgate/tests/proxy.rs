@@ -1552,6 +1552,53 @@ fn chunked_bodies_over_the_limit_and_http10_clients() {
     assert_eq!(body, String::from_utf8_lossy(&pattern(100)));
 }
 
+/// A request without a Host (HTTP/1.0) goes upstream with the name the
+/// client asked for in its handshake, or without one the address it
+/// connected to: never with an empty Host, which nginx answers 400.
+#[test]
+fn a_hostless_request_goes_upstream_with_the_sni_or_the_address() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let last_host = || {
+        let head = a.last_head.lock().unwrap().clone();
+        head.split("\r\n")
+            .find_map(|l| l.strip_prefix("Host:").map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| panic!("no Host: {head}"))
+    };
+    for request in [
+        &b"GET /id HTTP/1.0\r\n\r\n"[..],
+        b"GET /id HTTP/1.0\r\nHost:\r\n\r\n",
+    ] {
+        // Under SNI "localhost".
+        let answer = common::raw_exchange(server.addr, request);
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert_eq!(last_host(), "localhost");
+        // By address: no SNI.
+        let mut s = common::tls_connect_with(
+            server.addr,
+            "127.0.0.1",
+            common::client_config(rustls::DEFAULT_VERSIONS),
+        )
+        .unwrap();
+        s.write_all(request).unwrap();
+        let answer = common::read_to_close(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert_eq!(
+            last_host(),
+            server.addr.to_string(),
+            "{}\n{}",
+            a.last_head.lock().unwrap(),
+            server.access_log()
+        );
+    }
+    // The client's own Host still wins; forwarding fields carry only it.
+    let answer = common::raw_exchange(server.addr, b"GET /id HTTP/1.0\r\nHost: a.test\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert_eq!(last_host(), "a.test");
+}
+
 /// RFC 9110 §6.6.1: a response relayed without `Date` gets one (the test
 /// upstream sends none); HTTP/1.1 and HTTP/2 clients alike.
 #[test]
