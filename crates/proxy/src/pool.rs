@@ -19,6 +19,7 @@ use crate::client::{self, ClientConn};
 use crate::conn::{Outages, Stream, UpstreamConn};
 use crate::error::Failure;
 use crate::tls::{self, Connector};
+use rustls::sign::CertifiedKey;
 
 /// Which idle list a thread uses: worker threads get their own (each has
 /// its own runtime, and a socket belongs to the runtime that opened it).
@@ -126,16 +127,18 @@ impl Pool {
     /// the same name before a reload) has too keeps what was learnt of it:
     /// its health check's verdict (when the new pool checks too) and its
     /// passive mark, so a reload sends no request to a server known down.
+    /// `files` and `client`: what the key holder read for its TLS.
     pub fn new(
         origin: &str,
         cfg: &Upstream,
         workers: usize,
         metrics: &ProxyMetrics,
         previous: Option<&Pool>,
+        (files, client): (tls::PoolFiles<'_>, Option<&Arc<CertifiedKey>>),
     ) -> Result<Pool, ConfigError> {
         let tls = match &cfg.tls {
             Some(t) => {
-                let c = tls::connector(origin, cfg, t)?;
+                let c = tls::connector(origin, cfg, t, files, client)?;
                 let tc = TlsConnector::from(c.config.clone());
                 Some((c, tc))
             }
@@ -545,19 +548,33 @@ impl Pools {
     /// Builds the pools of `config` (none when it has no `[[upstream]]`);
     /// on a reload, `previous` are the running ones, whose servers' states
     /// carry over (see [`Pool::new`]).
+    ///
+    /// `files`: the CA bundles and client certificates, as the holder of
+    /// the keys read them.
     pub fn build(
         config: &tlsgate_config::Config,
         metrics: &ProxyMetrics,
         previous: Option<&Pools>,
+        files: tls::PoolFiles<'_>,
     ) -> Result<Pools, ConfigError> {
         let pools = config
             .upstreams
             .iter()
-            .map(|u| {
+            .enumerate()
+            .map(|(i, u)| {
                 let before = previous
                     .and_then(|p| p.pools.iter().find(|p| p.cfg.name == u.name))
                     .map(|p| &**p);
-                Pool::new(&config.origin, u, config.workers, metrics, before).map(Arc::new)
+                let client = files.clients.get(i).and_then(Option::as_ref);
+                Pool::new(
+                    &config.origin,
+                    u,
+                    config.workers,
+                    metrics,
+                    before,
+                    (files, client),
+                )
+                .map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
         Ok(Pools { pools })
@@ -612,7 +629,20 @@ mod tests {
         .unwrap();
         let config = tlsgate_config::load(Some(&path), &Default::default(), dir.path()).unwrap();
         let metrics = tlsgate_metrics::Metrics::new().proxy;
-        Pool::new("t", &config.upstreams[0], 1, &metrics, previous).unwrap()
+        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
+        let files = tls::PoolFiles {
+            read: &read,
+            clients: &[],
+        };
+        Pool::new(
+            "t",
+            &config.upstreams[0],
+            1,
+            &metrics,
+            previous,
+            (files, None),
+        )
+        .unwrap()
     }
 
     /// Leases server 0 and connects; the connection, and whether it was
