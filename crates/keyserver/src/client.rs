@@ -36,10 +36,10 @@ use std::time::{Duration, Instant};
 use rustls::sign::CertifiedKey;
 use rustls::SignatureScheme;
 use rustls_pki_types::CertificateDer;
-use tlsgate_tls::{KeyBackend, KeyUnavailable, LoadedCert, RemoteKey, SignFuture};
+use tlsgate_tls::{KeyBackend, KeyUnavailable, LoadedCert, Material, RemoteKey, SignFuture};
 use tokio::sync::{oneshot, Notify};
 
-use crate::proto::{self, CertEntry, Deframer, LoadError, Request, Response};
+use crate::proto::{self, Deframer, LoadError, Loaded, Request, Response};
 
 /// How long a `load` (reading every key file) may take.
 const LOAD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -398,14 +398,36 @@ impl KeyClient {
 
     /// Asks the key server to load the configuration's keys (keeping
     /// `keep`), and returns the certificates per listener, each with a
-    /// [`RemoteKey`] that signs through this client.
-    pub fn load(&self, keep: &[u64]) -> Result<Vec<Vec<LoadedCert>>, KeyError> {
+    /// [`RemoteKey`] that signs through this client, and the public files
+    /// and upstream client certificates (their keys remote too).
+    pub fn load(&self, keep: &[u64]) -> Result<(Vec<Vec<LoadedCert>>, Material), KeyError> {
         let conn = lock(&self.inner.current)
             .clone()
             .ok_or(KeyUnavailable::Down)?;
-        let listeners = self.inner.load_on(&conn, keep)?;
+        let Loaded {
+            listeners,
+            files,
+            upstreams,
+        } = self.inner.load_on(&conn, keep)?;
         let backend: Arc<dyn KeyBackend> = self.inner.clone();
-        Ok(listeners
+        let material = Material {
+            files: files
+                .into_iter()
+                .map(|(p, b)| (p.into(), Arc::new(b)))
+                .collect(),
+            upstream_clients: upstreams
+                .into_iter()
+                .map(|u| {
+                    u.map(|c| {
+                        Arc::new(CertifiedKey::new(
+                            c.chain.into_iter().map(CertificateDer::from).collect(),
+                            Arc::new(RemoteKey::new(c.key, backend.clone())),
+                        ))
+                    })
+                })
+                .collect(),
+        };
+        let certs = listeners
             .into_iter()
             .map(|certs| {
                 certs
@@ -420,7 +442,8 @@ impl KeyClient {
                     })
                     .collect()
             })
-            .collect())
+            .collect();
+        Ok((certs, material))
     }
 
     /// Records the keys the running configuration uses, and tells the key
@@ -486,7 +509,7 @@ impl Inner {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn load_on(&self, conn: &Connection, keep: &[u64]) -> Result<Vec<Vec<CertEntry>>, KeyError> {
+    fn load_on(&self, conn: &Connection, keep: &[u64]) -> Result<Loaded, KeyError> {
         let keep = keep.iter().take(proto::MAX_KEYS).copied().collect();
         match conn.call(self.id(), &Request::Load { keep }, LOAD_TIMEOUT)? {
             Response::Loaded(l) => Ok(l),
@@ -558,7 +581,13 @@ impl Inner {
                 return Err(e);
             }
         };
-        let have: Vec<u64> = loaded.iter().flatten().map(|c| c.key.id).collect();
+        let have: Vec<u64> = loaded
+            .listeners
+            .iter()
+            .flatten()
+            .map(|c| c.key.id)
+            .chain(loaded.upstreams.iter().flatten().map(|c| c.key.id))
+            .collect();
         let missing = active.iter().any(|id| !have.contains(id));
         if let Some(old) = lock(&self.current).replace(conn) {
             old.close();

@@ -43,6 +43,10 @@ pub const MAX_STR: usize = 4096;
 pub const MAX_CERT: usize = 64 * 1024;
 /// Largest SubjectPublicKeyInfo DER.
 pub const MAX_SPKI: usize = 4096;
+/// Largest public file in a `loaded` answer (a CA bundle).
+pub const MAX_FILE: usize = tlsgate_tls::material::MAX_PUBLIC_FILE;
+/// Most public files in a `loaded` answer.
+pub const MAX_FILES: usize = 1024;
 
 const HEADER: usize = 1 + 1 + 8;
 
@@ -138,6 +142,29 @@ pub struct CertEntry {
     pub key: KeyInfo,
 }
 
+/// An upstream's client certificate as the key process loaded it: the
+/// chain and the public description of its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientEntry {
+    /// Chain DER, leaf first.
+    pub chain: Vec<Vec<u8>>,
+    /// Its key, described (it signs in the key process).
+    pub key: KeyInfo,
+}
+
+/// What a `load` is answered with: everything public.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Certificates per listener, in configuration order.
+    pub listeners: Vec<Vec<CertEntry>>,
+    /// Public files (CA bundles, client certificate chains) by path:
+    /// the network-facing process, unprivileged after its start, may be
+    /// unable to read them.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Each upstream's client certificate, in configuration order.
+    pub upstreams: Vec<Option<ClientEntry>>,
+}
+
 /// A configuration problem found by the key process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadError {
@@ -156,8 +183,9 @@ pub enum Response {
     Signature(Vec<u8>),
     /// No signature.
     Failed(Failure),
-    /// Certificates per listener, in configuration order.
-    Loaded(Vec<Vec<CertEntry>>),
+    /// Certificates per listener, public files and upstream client
+    /// certificates.
+    Loaded(Loaded),
     /// The configuration or a key could not be loaded.
     LoadFailed(LoadError),
 }
@@ -188,6 +216,21 @@ impl Writer<'_> {
         self.0
             .extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_be_bytes());
         self.0.extend_from_slice(b);
+    }
+    fn chain(&mut self, chain: &[Vec<u8>]) {
+        self.len16(chain.len());
+        for der in chain {
+            self.bytes32(der);
+        }
+    }
+    fn key(&mut self, k: &KeyInfo) {
+        self.u64(k.id);
+        self.u8(u8::from(k.algorithm));
+        self.u8(u8::try_from(k.schemes.len()).unwrap_or(u8::MAX));
+        for s in &k.schemes {
+            self.u16(u16::from(*s));
+        }
+        self.bytes16(&k.spki);
     }
     fn str16(&mut self, s: &str) {
         // Longer strings are cut (on a char boundary) rather than refused:
@@ -342,11 +385,11 @@ pub fn encode_response(out: &mut Vec<u8>, id: u64, resp: &Response) {
             Writer(out).u8(*f as u8);
             end(out, start);
         }
-        Response::Loaded(listeners) => {
+        Response::Loaded(loaded) => {
             let start = begin(out, 0x83, id);
             let mut w = Writer(out);
-            w.len16(listeners.len());
-            for certs in listeners {
+            w.len16(loaded.listeners.len());
+            for certs in &loaded.listeners {
                 w.len16(certs.len());
                 for c in certs {
                     w.u8(u8::from(c.default));
@@ -354,17 +397,24 @@ pub fn encode_response(out: &mut Vec<u8>, id: u64, resp: &Response) {
                     for n in &c.names {
                         w.str16(n);
                     }
-                    w.len16(c.chain.len());
-                    for der in &c.chain {
-                        w.bytes32(der);
+                    w.chain(&c.chain);
+                    w.key(&c.key);
+                }
+            }
+            w.len16(loaded.files.len());
+            for (path, bytes) in &loaded.files {
+                w.str16(path);
+                w.bytes32(bytes);
+            }
+            w.len16(loaded.upstreams.len());
+            for u in &loaded.upstreams {
+                match u {
+                    None => w.u8(0),
+                    Some(c) => {
+                        w.u8(1);
+                        w.chain(&c.chain);
+                        w.key(&c.key);
                     }
-                    w.u64(c.key.id);
-                    w.u8(u8::from(c.key.algorithm));
-                    w.u8(u8::try_from(c.key.schemes.len()).unwrap_or(u8::MAX));
-                    for s in &c.key.schemes {
-                        w.u16(u16::from(*s));
-                    }
-                    w.bytes16(&c.key.spki);
                 }
             }
             end(out, start);
@@ -460,7 +510,34 @@ pub fn decode_response(payload: &[u8]) -> Result<(u64, Response), ProtoError> {
                 }
                 listeners.push(certs);
             }
-            Response::Loaded(listeners)
+            let n = usize::from(r.u16("file count")?);
+            // A path's length and the bytes' length at least.
+            let n = r.count(n, MAX_FILES, 2 + 4, "file count")?;
+            let mut files = Vec::with_capacity(n);
+            for _ in 0..n {
+                let path = r.str16("path")?;
+                let bytes = r.bytes32(MAX_FILE, "file")?.to_vec();
+                files.push((path, bytes));
+            }
+            let n = usize::from(r.u16("upstream count")?);
+            let n = r.count(n, usize::from(u16::MAX), 1, "upstream count")?;
+            let mut upstreams = Vec::with_capacity(n);
+            for _ in 0..n {
+                upstreams.push(match r.u8("client")? {
+                    0 => None,
+                    1 => {
+                        let chain = chain(&mut r)?;
+                        let key = key_info(&mut r)?;
+                        Some(ClientEntry { chain, key })
+                    }
+                    _ => return Err(ProtoError::Field("client")),
+                });
+            }
+            Response::Loaded(Loaded {
+                listeners,
+                files,
+                upstreams,
+            })
         }
         0x84 => Response::LoadFailed(LoadError {
             origin: r.str16("origin")?,
@@ -482,6 +559,17 @@ fn cert_entry(r: &mut Reader<'_>) -> Result<CertEntry, ProtoError> {
     let n = usize::from(r.u16("name count")?);
     let n = r.count(n, MAX_KEYS, 2, "name count")?;
     let names = (0..n).map(|_| r.str16("name")).collect::<Result<_, _>>()?;
+    let chain = chain(r)?;
+    let key = key_info(r)?;
+    Ok(CertEntry {
+        default,
+        names,
+        chain,
+        key,
+    })
+}
+
+fn chain(r: &mut Reader<'_>) -> Result<Vec<Vec<u8>>, ProtoError> {
     let n = usize::from(r.u16("chain length")?);
     let n = r.count(n, 64, 4, "chain length")?;
     let chain: Vec<Vec<u8>> = (0..n)
@@ -490,6 +578,10 @@ fn cert_entry(r: &mut Reader<'_>) -> Result<CertEntry, ProtoError> {
     if chain.is_empty() {
         return Err(ProtoError::Field("chain length"));
     }
+    Ok(chain)
+}
+
+fn key_info(r: &mut Reader<'_>) -> Result<KeyInfo, ProtoError> {
     let id = r.u64("key id")?;
     let algorithm = SignatureAlgorithm::from(r.u8("algorithm")?);
     let n = usize::from(r.u8("scheme count")?);
@@ -498,16 +590,11 @@ fn cert_entry(r: &mut Reader<'_>) -> Result<CertEntry, ProtoError> {
         .map(|_| r.u16("scheme").map(SignatureScheme::from))
         .collect::<Result<_, _>>()?;
     let spki = r.bytes16(MAX_SPKI, "spki")?.to_vec();
-    Ok(CertEntry {
-        default,
-        names,
-        chain,
-        key: KeyInfo {
-            id,
-            algorithm,
-            schemes,
-            spki,
-        },
+    Ok(KeyInfo {
+        id,
+        algorithm,
+        schemes,
+        spki,
     })
 }
 
@@ -616,20 +703,31 @@ mod tests {
         vec![
             Response::Signature(vec![7; 256]),
             Response::Failed(Failure::UnknownKey),
-            Response::Loaded(vec![
-                vec![CertEntry {
-                    default: true,
-                    names: vec!["a.example".into(), "*.b.example".into()],
-                    chain: vec![vec![1, 2, 3], vec![4; 1000]],
-                    key: key(),
-                }],
-                vec![],
-            ]),
+            Response::Loaded(Loaded {
+                listeners: vec![
+                    vec![CertEntry {
+                        default: true,
+                        names: vec!["a.example".into(), "*.b.example".into()],
+                        chain: vec![vec![1, 2, 3], vec![4; 1000]],
+                        key: key(),
+                    }],
+                    vec![],
+                ],
+                files: vec![("/etc/ca.pem".into(), vec![5; 3000])],
+                upstreams: vec![
+                    None,
+                    Some(ClientEntry {
+                        chain: vec![vec![6; 10]],
+                        key: key(),
+                    }),
+                ],
+            }),
             Response::LoadFailed(LoadError {
                 origin: "/etc/tlsgate.toml".into(),
                 key: "listener[0].certificate[0].key".into(),
                 problem: "does not match — the certificate".into(),
             }),
+            Response::Loaded(Loaded::default()),
         ]
     }
 

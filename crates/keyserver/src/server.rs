@@ -37,7 +37,9 @@ use rustls::sign::SigningKey;
 use tlsgate_config::{Config, ConfigError};
 use tlsgate_tls::{KeyInfo, SelfSignedCache};
 
-use crate::proto::{self, CertEntry, Deframer, Failure, LoadError, Request, Response};
+use crate::proto::{
+    self, CertEntry, ClientEntry, Deframer, Failure, LoadError, Loaded, Request, Response,
+};
 
 /// First wait before restarting a key server that exited.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -119,6 +121,10 @@ type KeyMap = Arc<RwLock<HashMap<u64, Held>>>;
 struct Held {
     key: Arc<dyn SigningKey>,
     retired_until: Option<Instant>,
+    /// A listener's key: signs what a TLS server signs.
+    server: bool,
+    /// An upstream's client key: signs what a TLS client signs.
+    client: bool,
 }
 
 impl Held {
@@ -164,13 +170,36 @@ fn is_handshake_signature_input(message: &[u8]) -> bool {
     usize::from(len) == point && message.len() == 68 + point
 }
 
+/// Whether `message` is what a TLS client signs in a handshake (an
+/// upstream's client key, the only use of those keys here): a TLS 1.3
+/// client CertificateVerify (RFC 8446 §4.4.3), or a TLS 1.2 one, whose
+/// input is the handshake so far (RFC 5246 §7.4.8): a ClientHello, then
+/// a ServerHello. Neither can pass for what a server signs.
+fn is_client_signature_input(message: &[u8]) -> bool {
+    const TLS13_CONTEXT: &[u8] = b"TLS 1.3, client CertificateVerify\0";
+    if let Some(rest) = message.strip_prefix(&[0x20; 64]) {
+        if let Some(hash) = rest.strip_prefix(TLS13_CONTEXT) {
+            return matches!(hash.len(), 32 | 48);
+        }
+    }
+    // ClientHello (1), its 24-bit length, legacy_version 3.3; then a
+    // ServerHello (2) right after it.
+    let Some(&[1, a, b, c, 3, 3]) = message.get(..6) else {
+        return false;
+    };
+    let hello = 4 + (usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c));
+    message.get(hello) == Some(&2)
+}
+
 fn sign_with(
     by_id: &KeyMap,
     key_id: u64,
     scheme: rustls::SignatureScheme,
     message: &[u8],
 ) -> Response {
-    if !is_handshake_signature_input(message) {
+    let server_input = is_handshake_signature_input(message);
+    let client_input = !server_input && is_client_signature_input(message);
+    if !server_input && !client_input {
         return Response::Failed(Failure::BadRequest);
     }
     let key = by_id
@@ -178,10 +207,15 @@ fn sign_with(
         .unwrap_or_else(PoisonError::into_inner)
         .get(&key_id)
         .filter(|h| h.signs(Instant::now()))
-        .map(|h| h.key.clone());
-    let Some(key) = key else {
+        .map(|h| (h.key.clone(), h.server, h.client));
+    let Some((key, server, client)) = key else {
         return Response::Failed(Failure::UnknownKey);
     };
+    // A key signs only for its role: a listener's key never what a client
+    // signs, an upstream client key never what a server signs.
+    if (server_input && !server) || (client_input && !client) {
+        return Response::Failed(Failure::BadRequest);
+    }
     let Some(signer) = key.choose_scheme(&[scheme]) else {
         return Response::Failed(Failure::BadScheme);
     };
@@ -207,7 +241,7 @@ impl Keys {
                 held.retired_until = Some(now + self.grace);
             }
         }
-        Response::Loaded(Vec::new())
+        Response::Loaded(Loaded::default())
     }
 
     /// Reads the configuration and every key again. On success the loaded
@@ -231,6 +265,10 @@ impl Keys {
             Ok(l) => l,
             Err(e) => return fail(e),
         };
+        let material = match tlsgate_tls::Material::load(&config) {
+            Ok(m) => m,
+            Err(e) => return fail(e),
+        };
         let mut by_id = HashMap::new();
         let mut listeners = Vec::with_capacity(loaded.len());
         for certs in loaded {
@@ -244,13 +282,15 @@ impl Keys {
                         "a private key cannot state its public key",
                     ));
                 };
-                by_id.insert(
-                    info.id,
-                    Held {
+                by_id
+                    .entry(info.id)
+                    .or_insert(Held {
                         key,
                         retired_until: None,
-                    },
-                );
+                        server: false,
+                        client: false,
+                    })
+                    .server = true;
                 entries.push(CertEntry {
                     default: c.default,
                     names: c.names.clone(),
@@ -265,6 +305,38 @@ impl Keys {
             }
             listeners.push(entries);
         }
+        let mut upstreams = Vec::with_capacity(material.upstream_clients.len());
+        for c in &material.upstream_clients {
+            let Some(c) = c else {
+                upstreams.push(None);
+                continue;
+            };
+            let Some(info) = KeyInfo::of(&*c.key) else {
+                return fail(ConfigError::new(
+                    &config.origin,
+                    "upstream",
+                    "a private key cannot state its public key",
+                ));
+            };
+            by_id
+                .entry(info.id)
+                .or_insert(Held {
+                    key: c.key.clone(),
+                    retired_until: None,
+                    server: false,
+                    client: false,
+                })
+                .client = true;
+            upstreams.push(Some(ClientEntry {
+                chain: c.cert.iter().map(|d| d.as_ref().to_vec()).collect(),
+                key: info,
+            }));
+        }
+        let files = material
+            .files
+            .iter()
+            .map(|(p, b)| (p.to_string_lossy().into_owned(), b.to_vec()))
+            .collect();
         let now = Instant::now();
         let mut current = self.by_id.write().unwrap_or_else(PoisonError::into_inner);
         for id in keep {
@@ -277,7 +349,11 @@ impl Keys {
             .limits
             .handshake_timeout
             .saturating_add(config.keys.timeout);
-        Response::Loaded(listeners)
+        Response::Loaded(Loaded {
+            listeners,
+            files,
+            upstreams,
+        })
     }
 }
 
@@ -517,6 +593,53 @@ mod tests {
         }
     }
 
+    #[test]
+    fn only_what_a_tls_client_signs_is_signed_with_a_client_key() {
+        let mut tls13 = vec![0x20; 64];
+        tls13.extend_from_slice(b"TLS 1.3, client CertificateVerify\0");
+        tls13.extend_from_slice(&[9; 32]);
+        assert!(is_client_signature_input(&tls13));
+        assert!(!is_handshake_signature_input(&tls13));
+        // TLS 1.2: a ClientHello of 5 bytes, then a ServerHello.
+        let tls12 = [&[1, 0, 0, 5, 3, 3, 0, 0, 0][..], &[2, 0, 0, 1, 0]].concat();
+        assert!(is_client_signature_input(&tls12));
+        for refused in [
+            tls13_input(),
+            tls12_input(0x1d, 32),
+            b"hello".to_vec(),
+            [&[1, 0, 0, 5, 3, 3, 0, 0, 0][..], &[11, 0]].concat(),
+        ] {
+            assert!(!is_client_signature_input(&refused), "{refused:?}");
+        }
+        // Each key signs for its role only.
+        let key = rustls::crypto::aws_lc_rs::sign::any_supported_type(
+            &rustls::pki_types::PrivateKeyDer::Pkcs8(
+                rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+                    .unwrap()
+                    .serialize_der()
+                    .into(),
+            ),
+        )
+        .unwrap();
+        let scheme = rustls::SignatureScheme::ECDSA_NISTP256_SHA256;
+        for (server, client) in [(true, false), (false, true), (true, true)] {
+            let map: KeyMap = Arc::default();
+            map.write().unwrap().insert(
+                1,
+                Held {
+                    key: key.clone(),
+                    retired_until: None,
+                    server,
+                    client,
+                },
+            );
+            let signs = |m: &[u8]| matches!(sign_with(&map, 1, scheme, m), Response::Signature(_));
+            assert_eq!(signs(&tls13_input()), server);
+            assert_eq!(signs(&tls13), client);
+            assert_eq!(signs(&tls12), client);
+        }
+    }
+
     /// A key pair on disk as `NAME.pem` / `NAME.key` under `dir`.
     fn key_files(dir: &Path, name: &str) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -563,7 +686,7 @@ mod tests {
         let Response::Loaded(l) = ask(Request::Load { keep: vec![] }) else {
             panic!("not loaded")
         };
-        let (a, b) = (l[0][0].key.id, l[0][1].key.id);
+        let (a, b) = (l.listeners[0][0].key.id, l.listeners[0][1].key.id);
         let sign = |key_id| Request::Sign {
             key_id,
             scheme: rustls::SignatureScheme::ECDSA_NISTP256_SHA256,
@@ -587,7 +710,7 @@ mod tests {
         let t0 = Instant::now();
         assert_eq!(
             ask(Request::Retain { keep: vec![b] }),
-            Response::Loaded(vec![])
+            Response::Loaded(Loaded::default())
         );
         assert!(matches!(ask(sign(a)), Response::Signature(_)));
         std::thread::sleep(Duration::from_millis(2100).saturating_sub(t0.elapsed()));
@@ -682,12 +805,12 @@ mod tests {
             panic!("{got:?}")
         };
         assert_eq!(got[0].0, 1);
-        assert_eq!(l[0][0].names, vec!["a.test".to_string()]);
-        assert_eq!(l[0][0].chain[0], cert.der().to_vec());
+        assert_eq!(l.listeners[0][0].names, vec!["a.test".to_string()]);
+        assert_eq!(l.listeners[0][0].chain[0], cert.der().to_vec());
         assert_eq!(got[1], (0, Response::Failed(Failure::BadRequest)));
         assert_eq!(got[2], (3, Response::Failed(Failure::UnknownKey)));
 
-        let id = l[0][0].key.id;
+        let id = l.listeners[0][0].key.id;
         let mut buf = Vec::new();
         for i in 10..20 {
             proto::encode_request(&mut buf, i, &sign(id));

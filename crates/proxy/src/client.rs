@@ -39,6 +39,10 @@ pub struct ClientConn {
     /// The address it connected to, when known (the listener's side of
     /// the socket, or the destination a balancer's header named).
     pub destination: Option<SocketAddr>,
+    /// The server name the client asked for in its TLS handshake (SNI).
+    pub server_name: Option<String>,
+    /// The address the client connected to, when it sent no SNI.
+    pub local: Option<SocketAddr>,
     /// Idle connections that carry this client's PROXY protocol header,
     /// oldest first.
     idle: Mutex<Vec<Kept>>,
@@ -50,8 +54,32 @@ impl ClientConn {
         Self {
             peer,
             destination,
+            server_name: None,
+            local: None,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same, for a client that asked for `name` in its TLS handshake
+    /// (and, without one, connected to `local`).
+    #[must_use]
+    pub fn with_server_name(mut self, name: Option<String>, local: Option<SocketAddr>) -> Self {
+        self.server_name = name;
+        self.local = local;
+        self
+    }
+
+    /// The `Host` sent upstream for a request whose own is empty or absent
+    /// (an HTTP/1.0 request): the name the client asked for in its TLS
+    /// handshake, else the address it connected to (nginx's `$host` is
+    /// the request's Host, else the name of the server that matched).
+    pub(crate) fn fallback_host(&self) -> Vec<u8> {
+        if let Some(n) = &self.server_name {
+            return n.clone().into_bytes();
+        }
+        self.destination
+            .or(self.local)
+            .map_or_else(|| b"localhost".to_vec(), |a| a.to_string().into_bytes())
     }
 
     /// The header that introduces this client to a server.

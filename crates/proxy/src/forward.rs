@@ -16,7 +16,7 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tlsgate_http1::{
     end_head, is_field_value, list_elements, parse_response, write_header, write_header_u64,
@@ -38,8 +38,11 @@ const CHUNK: usize = 64 * 1024;
 const REPLAY_MAX: usize = 64 * 1024;
 /// Room made for each read of a response head.
 const READ_RESERVE: usize = 16 * 1024;
-/// Interim (1xx) responses skipped before the final one.
-const MAX_INTERIM: usize = 8;
+/// Bytes of interim (1xx) response heads skipped before the final one:
+/// any number of them (a `102 Processing` every few seconds of a long
+/// request), but an upstream cannot keep the proxy parsing for ever; the
+/// response timeout bounds their time.
+const MAX_INTERIM_BYTES: usize = 1024 * 1024;
 /// Limits on an upstream's response head.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const MAX_RESPONSE_HEADERS: usize = 200;
@@ -278,6 +281,34 @@ fn response_fields(resp: &ResponseHead) -> impl Iterator<Item = (&str, &[u8])> +
         .filter(move |(name, _)| !dropped(name, RESPONSE_DROP, &named))
 }
 
+/// An IMF-fixdate (RFC 9110 §5.6.7).
+fn http_date(now: SystemTime) -> String {
+    httpdate::fmt_http_date(now)
+}
+
+thread_local! {
+    /// The `Date` value added to responses without one, formatted at most
+    /// once a second per worker thread.
+    static DATE: std::cell::RefCell<(u64, String)> =
+        const { std::cell::RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Calls `f` with the current date (RFC 9110 §6.6.1: a proxy with a clock
+/// adds `Date` to a response that has none).
+fn with_date(f: impl FnOnce(&[u8])) {
+    let now = SystemTime::now();
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            *d = (secs, http_date(now));
+        }
+        f(d.1.as_bytes());
+    });
+}
+
 /// Whether a retry may send the request again (RFC 9110 §9.2.2).
 fn idempotent(m: &Method) -> bool {
     matches!(
@@ -316,6 +347,8 @@ struct Outgoing<'a, F> {
     body: BodyFraming,
     websocket: Option<&'a [u8]>,
     peer: SocketAddr,
+    /// The client connection (its server name, for a missing Host).
+    conn: &'a ClientConn,
     client_cert: Option<&'a str>,
 }
 
@@ -330,8 +363,15 @@ where
     out.push(b' ');
     out.extend_from_slice(o.target);
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    // HTTP/1.1 requires a Host (RFC 9112 §3.2) and an empty one is
+    // refused by most servers (nginx: 400).
+    // X-Forwarded-Host and Forwarded carry only what the client sent.
     let host = o.host;
-    write_header(&mut out, "Host", host);
+    if host.is_empty() {
+        write_header(&mut out, "Host", &o.conn.fallback_host());
+    } else {
+        write_header(&mut out, "Host", host);
+    }
     let named = connection_named((o.fields)());
     for (name, value) in (o.fields)() {
         // The strict parser (and h2's own checks) already refused CR, LF
@@ -415,6 +455,7 @@ pub fn upstream_stream_head(r: &StreamRequest<'_>) -> Result<(Vec<u8>, BodyFrami
         body: framing,
         websocket: None,
         peer: r.conn.peer,
+        conn: r.conn,
         client_cert: r.client_cert.as_deref(),
     });
     Ok((head, framing))
@@ -455,6 +496,7 @@ pub fn upstream_request_head(r: &Request<'_>) -> Result<Vec<u8>, BadPath> {
         body: head.body(),
         websocket: websocket_upgrade(head),
         peer: r.conn.peer,
+        conn: r.conn,
         client_cert: r.client_cert.as_deref(),
     }))
 }
@@ -1111,11 +1153,11 @@ fn poll_answer(conn: &mut UpstreamConn, early: &mut Vec<u8>, cx: &mut Context<'_
     }
 }
 
-/// Whether `buf` holds a final response head after at most
-/// [`MAX_INTERIM`] interim ones, or bytes that are no response at all.
+/// Whether `buf` holds a final response head after interim ones (at most
+/// [`MAX_INTERIM_BYTES`] of them), or bytes that are no response at all.
 fn final_head_in(buf: &[u8]) -> bool {
     let mut at = 0;
-    for _ in 0..=MAX_INTERIM {
+    while at <= MAX_INTERIM_BYTES {
         let rest = buf.get(at..).unwrap_or_default();
         match parse_response(rest, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, false) {
             Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
@@ -1307,8 +1349,8 @@ async fn read_response(
         loop {
             match parse_response(&ubuf, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, head_request) {
                 Ok(Some(h)) if (100..200).contains(&h.status()) && h.status() != 101 => {
-                    interim += 1;
-                    if interim > MAX_INTERIM {
+                    interim += h.head_len();
+                    if interim > MAX_INTERIM_BYTES {
                         return Err(Failure::BadResponse);
                     }
                     ubuf.drain(..h.head_len());
@@ -1557,6 +1599,9 @@ async fn relay<D: Downstream>(
     for (name, value) in response_fields(&resp) {
         write_header(out, name, value);
     }
+    if resp.header("date").is_none() {
+        with_date(|d| write_header(out, "Date", d));
+    }
     match framing {
         ResponseFraming::Length(n) => write_header_u64(out, "Content-Length", n),
         ResponseFraming::None => {
@@ -1692,7 +1737,13 @@ async fn relay_stream<B: RequestBody, S: Responder>(
         ResponseFraming::None => described_length(&resp).map(|n| n.to_string().into_bytes()),
         _ => None,
     };
-    let mut fields = response_fields(&resp).chain(length.as_deref().map(|l| ("content-length", l)));
+    let date = resp
+        .header("date")
+        .is_none()
+        .then(|| http_date(SystemTime::now()));
+    let mut fields = response_fields(&resp)
+        .chain(date.as_deref().map(|d| ("date", d.as_bytes())))
+        .chain(length.as_deref().map(|l| ("content-length", l)));
     let aborted = |sent: u64, reason: &'static str| Outcome::Aborted {
         status,
         body_bytes: sent,
@@ -1983,6 +2034,7 @@ mod tests {
             body: BodyFraming::Chunked,
             websocket: None,
             peer: "192.0.2.7:5555".parse().unwrap(),
+            conn: &ClientConn::new("192.0.2.7:5555".parse().unwrap(), None),
             client_cert: None,
         };
         let head = String::from_utf8(upstream_head(&o)).unwrap();

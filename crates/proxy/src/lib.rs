@@ -40,3 +40,4 @@ pub use forward::{
 pub use path::BadPath;
 pub use pool::{Pool, Pools};
 pub use route::{Entry, Router, Target};
+pub use tls::PoolFiles;

@@ -19,6 +19,7 @@ use crate::client::{self, ClientConn};
 use crate::conn::{Outages, Stream, UpstreamConn};
 use crate::error::Failure;
 use crate::tls::{self, Connector};
+use rustls::sign::CertifiedKey;
 
 /// Which idle list a thread uses: worker threads get their own (each has
 /// its own runtime, and a socket belongs to the runtime that opened it).
@@ -131,16 +132,18 @@ impl Pool {
     /// the same name before a reload) has too keeps what was learnt of it:
     /// its health check's verdict (when the new pool checks too) and its
     /// passive mark, so a reload sends no request to a server known down.
+    /// `files` and `client`: what the key holder read for its TLS.
     pub fn new(
         origin: &str,
         cfg: &Upstream,
         workers: usize,
         metrics: &ProxyMetrics,
         previous: Option<&Pool>,
+        (files, client): (tls::PoolFiles<'_>, Option<&Arc<CertifiedKey>>),
     ) -> Result<Pool, ConfigError> {
         let tls = match &cfg.tls {
             Some(t) => {
-                let c = tls::connector(origin, cfg, t)?;
+                let c = tls::connector(origin, cfg, t, files, client)?;
                 let tc = TlsConnector::from(c.config.clone());
                 Some((c, tc))
             }
@@ -589,10 +592,14 @@ impl Pools {
     /// on a reload, `previous` are the running ones, whose servers' states
     /// carry over (see [`Pool::new`]), and their worker count, which a
     /// reload cannot change.
+    ///
+    /// `files`: the CA bundles and client certificates, as the holder of
+    /// the keys read them.
     pub fn build(
         config: &tlsgate_config::Config,
         metrics: &ProxyMetrics,
         previous: Option<&Pools>,
+        files: tls::PoolFiles<'_>,
     ) -> Result<Pools, ConfigError> {
         // The worker threads are those started with the first
         // configuration (a changed `server.workers` waits for a restart):
@@ -601,11 +608,14 @@ impl Pools {
         let pools = config
             .upstreams
             .iter()
-            .map(|u| {
+            .enumerate()
+            .map(|(i, u)| {
                 let before = previous
                     .and_then(|p| p.pools.iter().find(|p| p.cfg.name == u.name))
                     .map(|p| &**p);
-                Pool::new(&config.origin, u, workers, metrics, before).map(Arc::new)
+                let client = files.clients.get(i).and_then(Option::as_ref);
+                Pool::new(&config.origin, u, workers, metrics, before, (files, client))
+                    .map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
         Ok(Pools { pools, workers })
@@ -690,30 +700,46 @@ mod tests {
 
     #[test]
     fn a_reload_keeps_one_idle_list_per_running_worker() {
+        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
+        let files = || tls::PoolFiles {
+            read: &read,
+            clients: &[],
+        };
         let dir = tempfile::tempdir().unwrap();
         let servers = ["127.0.0.1:1".parse().unwrap()];
         let metrics = tlsgate_metrics::Metrics::new().proxy;
-        let first = Pools::build(&config_of(dir.path(), &servers, "", 8), &metrics, None).unwrap();
+        let first = Pools::build(
+            &config_of(dir.path(), &servers, "", 8),
+            &metrics,
+            None,
+            files(),
+        )
+        .unwrap();
         let idle_lists = |p: &Pools| p.pools[0].servers[0].idle.len();
         assert_eq!(idle_lists(&first), 10);
         // `server.workers = 2` waits for a restart: the 8 threads still
         // each need a list of their own.
         let fewer = config_of(dir.path(), &servers, "", 2);
-        let reloaded = Pools::build(&fewer, &metrics, Some(&first)).unwrap();
+        let reloaded = Pools::build(&fewer, &metrics, Some(&first), files()).unwrap();
         assert_eq!(idle_lists(&reloaded), 10);
-        let again = Pools::build(&fewer, &metrics, Some(&reloaded)).unwrap();
+        let again = Pools::build(&fewer, &metrics, Some(&reloaded), files()).unwrap();
         assert_eq!(idle_lists(&again), 10);
     }
 
     #[test]
     fn a_retired_pool_keeps_no_idle_connection_and_leaves_the_gauge() {
+        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
+        let files = || tls::PoolFiles {
+            read: &read,
+            clients: &[],
+        };
         let dir = tempfile::tempdir().unwrap();
         let servers = ["127.0.0.1:1".parse().unwrap()];
         let metrics = tlsgate_metrics::Metrics::new().proxy;
         let config = config_of(dir.path(), &servers, "", 1);
-        let old = Pools::build(&config, &metrics, None).unwrap();
+        let old = Pools::build(&config, &metrics, None, files()).unwrap();
         old.publish();
-        let new = Pools::build(&config, &metrics, Some(&old)).unwrap();
+        let new = Pools::build(&config, &metrics, Some(&old), files()).unwrap();
         new.publish();
         old.retire();
         assert!(old.pools[0].is_retired());
@@ -729,7 +755,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config_of(dir.path(), servers, keys, 1);
         let metrics = tlsgate_metrics::Metrics::new().proxy;
-        Pool::new("t", &config.upstreams[0], 1, &metrics, previous).unwrap()
+        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
+        let files = tls::PoolFiles {
+            read: &read,
+            clients: &[],
+        };
+        Pool::new(
+            "t",
+            &config.upstreams[0],
+            1,
+            &metrics,
+            previous,
+            (files, None),
+        )
+        .unwrap()
     }
 
     /// Leases server 0 and connects; the connection, and whether it was

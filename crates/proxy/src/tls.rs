@@ -1,12 +1,15 @@
 //! The rustls client configuration of a pool: its CA bundle, its optional
 //! client certificate (mTLS origination) and session resumption.
 
+use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::Resumption;
+use rustls::client::{ResolvesClientCert, Resumption};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, SignatureScheme};
 use tlsgate_config::{ConfigError, Upstream, UpstreamTls};
 
 /// What a pool needs to open TLS connections.
@@ -16,18 +19,51 @@ pub(crate) struct Connector {
     pub sni: Option<ServerName<'static>>,
 }
 
+/// What the holder of the keys read for the pools' TLS: this process may
+/// be unable to read the files (they may be root's, and a reload runs as
+/// `server.user`), and never reads a private key.
+#[derive(Clone, Copy)]
+pub struct PoolFiles<'a> {
+    /// The bytes of a public file (a CA bundle) by path.
+    pub read: &'a dyn Fn(&Path) -> io::Result<Arc<Vec<u8>>>,
+    /// Each upstream's client certificate chain and key, in configuration
+    /// order: the key signs wherever the key holder keeps it.
+    pub clients: &'a [Option<Arc<CertifiedKey>>],
+}
+
+/// Always the one client certificate of a pool.
+#[derive(Debug)]
+struct OneClientCert(Arc<CertifiedKey>);
+
+impl ResolvesClientCert for OneClientCert {
+    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 /// Builds the pool's client configuration; errors name the config key.
+/// `client` is the pool's client certificate from [`PoolFiles::clients`].
 pub(crate) fn connector(
     origin: &str,
     u: &Upstream,
     t: &UpstreamTls,
+    files: PoolFiles<'_>,
+    client: Option<&Arc<CertifiedKey>>,
 ) -> Result<Connector, ConfigError> {
     let err = |key: &str, problem: String| {
         ConfigError::new(origin, format!("{}.{key}", u.key_path), problem)
     };
     let mut roots = RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(&t.ca)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+    let certs = (files.read)(&t.ca)
+        .and_then(|b| {
+            CertificateDer::pem_slice_iter(&b)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+        })
         .map_err(|e| {
             err(
                 "ca",
@@ -46,29 +82,21 @@ pub(crate) fn connector(
         .with_safe_default_protocol_versions()
         .map_err(|e| err("tls", e.to_string()))?
         .with_root_certificates(roots);
-    let mut config = match &t.client_cert {
-        Some((cert, key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .and_then(|i| i.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| {
-                    err(
-                        "client_cert",
-                        format!("cannot read {}: {e}", cert.display()),
-                    )
-                })?;
-            if chain.is_empty() {
-                return Err(err(
-                    "client_cert",
-                    format!("expected a certificate in {}", cert.display()),
-                ));
-            }
-            let key_der = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| err("client_key", format!("cannot read {}: {e}", key.display())))?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| err("client_key", format!("does not fit client_cert: {e}")))?
+    // The key was read, and checked against the chain, by the key holder.
+    let mut config = match (&t.client_cert, client) {
+        (Some(_), Some(certified)) => {
+            builder.with_client_cert_resolver(Arc::new(OneClientCert(certified.clone())))
         }
-        None => builder.with_no_client_auth(),
+        (Some((cert, _)), None) => {
+            return Err(err(
+                "client_cert",
+                format!(
+                    "{} was not loaded by the key holder (the configuration changed while it was being read; try again)",
+                    cert.display()
+                ),
+            ))
+        }
+        (None, _) => builder.with_no_client_auth(),
     };
     if !t.resumption {
         config.resumption = Resumption::disabled();

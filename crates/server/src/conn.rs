@@ -236,7 +236,15 @@ fn after_handshake<'a>(
         sni: tls.server_name().map(str::to_owned),
         tls_version: Some(version),
         client: tlsgate_tls::ClientIdentity::of(tls),
-        proxy: tlsgate_proxy::ClientConn::new(peer, destination),
+        // Without SNI, a request without Host goes upstream with the
+        // address the client connected to (one getsockname, only then).
+        proxy: tlsgate_proxy::ClientConn::new(peer, destination).with_server_name(
+            tls.server_name().map(str::to_owned),
+            tls.server_name()
+                .is_none()
+                .then(|| conn.socket().local_addr().ok())
+                .flatten(),
+        ),
     };
     if h2 {
         // HTTP/2 keeps the record layer in user space: h2 owns the byte

@@ -5,8 +5,8 @@
 use tlsgate_config::{Config, ConfigError, RouteTarget};
 use tlsgate_files::{CacheOptions, DocumentRoot, RootOptions};
 use tlsgate_metrics::ProxyMetrics;
-use tlsgate_proxy::{Pools, Router};
-use tlsgate_tls::{ContextError, LoadedCert, TlsContext};
+use tlsgate_proxy::{PoolFiles, Pools, Router};
+use tlsgate_tls::{ContextError, LoadedCert, Material, TlsContext};
 
 use crate::tickets::TicketCache;
 use crate::StartError;
@@ -57,13 +57,18 @@ impl Generation {
 /// carries over).
 pub fn build(
     config: Config,
-    certs: Vec<Vec<LoadedCert>>,
+    (certs, material): (Vec<Vec<LoadedCert>>, Material),
     tickets: &TicketCache,
     proxy_metrics: &ProxyMetrics,
     previous: Option<&Generation>,
 ) -> Result<Generation, StartError> {
     let origin = config.origin.clone();
-    let pools = Pools::build(&config, proxy_metrics, previous.map(|g| &g.pools))?;
+    let read = |p: &std::path::Path| material.read(p);
+    let files = PoolFiles {
+        read: &read,
+        clients: &material.upstream_clients,
+    };
+    let pools = Pools::build(&config, proxy_metrics, previous.map(|g| &g.pools), files)?;
     let ticket_keys = tickets.get(&config.tls.tickets).map_err(|e| {
         let key = match config.tls.tickets.key_file {
             Some(_) => "tls.ticket_key_file",
@@ -71,10 +76,10 @@ pub fn build(
         };
         ConfigError::new(&origin, key, e.to_string())
     })?;
-    let key_ids = crate::keys::key_ids(&certs);
+    let key_ids = crate::keys::key_ids(&certs, &material);
     let mut sites = Vec::with_capacity(config.listeners.len());
     for (l, certs) in config.listeners.iter().zip(certs) {
-        let mut tls = TlsContext::new(&config.tls, l, &certs).map_err(|e| match e {
+        let mut tls = TlsContext::new(&config.tls, l, &certs, &material).map_err(|e| match e {
             ContextError::ClientCa(c) => ConfigError::new(
                 &origin,
                 c.key,

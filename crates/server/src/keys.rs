@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use tlsgate_config::{Config, ConfigError};
 use tlsgate_keyserver::{Events, KeyClient, KeyError};
 use tlsgate_metrics::ReasonLabel;
-use tlsgate_tls::{KeyUnavailable, LoadedCert, SelfSignedCache};
+use tlsgate_tls::{KeyUnavailable, LoadedCert, Material, SelfSignedCache};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::{Launch, Shared, StartError};
@@ -64,15 +64,21 @@ impl Keys {
         Ok(Keys::Isolated(client))
     }
 
-    /// The certificates of every listener of `config`, read by whoever
-    /// holds the keys. `keep`: keys of the running generation (isolated).
+    /// The certificates of every listener of `config`, the public files
+    /// it names and its upstreams' client certificates, read by whoever
+    /// holds the keys (the key process keeps its privileges: a reload as
+    /// `server.user` reads root-only files through it). `keep`: keys of
+    /// the running generation (isolated).
     pub(crate) fn certificates(
         &self,
         config: &Config,
         keep: &[u64],
-    ) -> Result<Vec<Vec<LoadedCert>>, StartError> {
-        let certs = match self {
-            Keys::InProcess(cache) => tlsgate_tls::load_all(config, cache)?,
+    ) -> Result<(Vec<Vec<LoadedCert>>, Material), StartError> {
+        let (certs, material) = match self {
+            Keys::InProcess(cache) => (
+                tlsgate_tls::load_all(config, cache)?,
+                Material::load(config)?,
+            ),
             Keys::Isolated(client) => client.load(keep).map_err(|e| match e {
                 KeyError::Config(e) => {
                     StartError::Config(ConfigError::new(e.origin, e.key, e.problem))
@@ -80,7 +86,9 @@ impl Keys {
                 other => StartError::Keys(other),
             })?,
         };
-        if certs.len() != config.listeners.len() {
+        if certs.len() != config.listeners.len()
+            || material.upstream_clients.len() != config.upstreams.len()
+        {
             // The key process read the file at another moment than we did.
             return Err(ConfigError::new(
                 &config.origin,
@@ -89,7 +97,7 @@ impl Keys {
             )
             .into());
         }
-        Ok(certs)
+        Ok((certs, material))
     }
 
     /// Records the keys the running generation uses (they are kept by the
@@ -149,12 +157,15 @@ impl Events for MetricEvents {
     }
 }
 
-/// The key ids (fingerprints of the public keys) of `certs`.
-pub(crate) fn key_ids(certs: &[Vec<LoadedCert>]) -> Vec<u64> {
+/// The key ids (fingerprints of the public keys) of `certs` and of the
+/// upstream client certificates of `material`.
+pub(crate) fn key_ids(certs: &[Vec<LoadedCert>], material: &Material) -> Vec<u64> {
     certs
         .iter()
         .flatten()
-        .filter_map(|c| c.certified.key.public_key())
+        .map(|c| &c.certified)
+        .chain(material.upstream_clients.iter().flatten())
+        .filter_map(|c| c.key.public_key())
         .map(|spki| tlsgate_tls::remote::fingerprint(spki.as_ref()))
         .collect()
 }

@@ -33,9 +33,13 @@ pub struct Verifier {
 /// certificate is missing.
 /// Tickets are bound to the bundle's hash, so a session verified against
 /// one set of CAs never resumes under another.
+///
+/// The bundle comes from `material`: the key holder read it (it may be
+/// readable by root only, and a reload runs as `server.user`).
 pub fn verifier(
     auth: &ClientAuth,
     provider: &Arc<CryptoProvider>,
+    material: &crate::Material,
 ) -> Result<Option<Verifier>, CertError> {
     let Some(ca) = auth
         .ca
@@ -49,8 +53,11 @@ pub fn verifier(
         path: ca.clone(),
         problem,
     };
-    let bytes = std::fs::read(ca).map_err(|e| fail(format!("cannot read the CA bundle: {e}")))?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+    let bytes = material
+        .read(ca)
+        .map_err(|e| fail(format!("cannot read the CA bundle: {e}")))?;
+    let bytes = bytes.as_slice();
+    let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| fail(format!("expected PEM CERTIFICATE blocks: {e}")))?;
     if certs.is_empty() {
@@ -73,7 +80,7 @@ pub fn verifier(
     let verifier = builder
         .build()
         .map_err(|e| fail(format!("cannot build the client verifier: {e}")))?;
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes);
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes);
     let mut bundle_sha256 = [0u8; 32];
     bundle_sha256.copy_from_slice(digest.as_ref());
     Ok(Some(Verifier {
@@ -305,10 +312,16 @@ mod tests {
             ca_key: "listener[0].client_ca".into(),
         };
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let e = verifier(&auth, &provider).err().unwrap();
+        let material = crate::Material {
+            files: [(p.clone(), Arc::new(std::fs::read(&p).unwrap()))].into(),
+            ..Default::default()
+        };
+        let e = verifier(&auth, &provider, &material).err().unwrap();
         assert_eq!(e.key, "listener[0].client_ca");
         assert_eq!(e.path, p);
         assert!(e.problem.contains("at least one"), "{}", e.problem);
-        assert!(verifier(&ClientAuth::none(), &provider).unwrap().is_none());
+        assert!(verifier(&ClientAuth::none(), &provider, &material)
+            .unwrap()
+            .is_none());
     }
 }

@@ -138,10 +138,12 @@ impl TlsContext {
     /// Each distinct client certificate policy gets its own rustls
     /// `ServerConfig`; the one of the client's SNI is chosen after the
     /// ClientHello is read, before any cryptography.
+    /// `material` holds the `client_ca` bundles, as the key holder read them.
     pub fn new(
         policy: &TlsPolicy,
         listener: &Listener,
         certs: &[LoadedCert],
+        material: &crate::Material,
     ) -> Result<Self, ContextError> {
         let provider = Arc::new(CryptoProvider {
             cipher_suites: policy.cipher_suites.iter().map(|s| suite(*s)).collect(),
@@ -188,7 +190,7 @@ impl TlsContext {
         let configs = distinct
             .iter()
             .map(|auth| {
-                let verifier = client_auth::verifier(auth, &provider)?;
+                let verifier = client_auth::verifier(auth, &provider, material)?;
                 let ticket_tag = match &verifier {
                     None => String::new(),
                     Some(v) => format!(

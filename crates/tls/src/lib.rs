@@ -13,6 +13,7 @@ pub mod client_auth;
 mod conn;
 mod context;
 pub mod error;
+pub mod material;
 mod offload;
 pub mod remote;
 pub mod resolver;
@@ -24,6 +25,7 @@ pub use client_auth::ClientIdentity;
 pub use conn::{accept, TlsConnection};
 pub use context::{ContextError, TlsContext};
 pub use error::{CertError, HandshakeError};
+pub use material::Material;
 pub use offload::OffloadError;
 pub use remote::{
     run_signing, KeyBackend, KeyInfo, KeyUnavailable, MovedThread, RemoteKey, SignFuture,

@@ -646,3 +646,88 @@ fn the_network_process_runs_as_nobody_without_capabilities_and_serves() {
         );
     }
 }
+
+/// With `server.user`, an upstream's client key, its CA bundle and a
+/// listener's `client_ca` readable by root only: a request through the
+/// mTLS pool works, a SIGHUP is accepted (the key process reads the files
+/// at every load; the network process, nobody by then, cannot), a request
+/// still works after, and the upstream client key is in the key server's
+/// memory, never in the network-facing process's.
+#[test]
+fn root_only_upstream_client_keys_sign_in_the_key_process_across_reloads() {
+    use common::upstream::{make_leaf, pool, route, upstream_tls, Upstream};
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        status_field(std::process::id(), None, "Uid")
+            .split_whitespace()
+            .next(),
+        Some("0"),
+        "this test starts tlsgate as root to see it switch to nobody; run the tests as root"
+    );
+    let fx = Fixture::new();
+    let dir = fx.path();
+    // nobody reads the configuration and the site (as on a reload), not
+    // the keys and the CA bundles.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ca = common::make_ca("upstream CA");
+    let ca_pem = dir.join("up-ca.pem");
+    std::fs::write(&ca_pem, ca.0.pem()).unwrap();
+    let (srv_cert, srv_key, _, _) =
+        make_leaf(dir, "upstream", &["app.internal", "127.0.0.1"], false, &ca);
+    let (_, _, client_crt, client_key) =
+        make_leaf(dir, "tlsgate-client", &["tlsgate.internal"], true, &ca);
+    for p in [&ca_pem, &client_key, &fx.cert.key] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let mtls = Upstream::start("mtls", Some(upstream_tls(&srv_cert, &srv_key, Some(&ca.0))));
+    let keys = format!(
+        "tls = true\nca = {ca_pem:?}\nsni = \"app.internal\"\nclient_cert = {client_crt:?}\nclient_key = {client_key:?}\nmax_idle = 0"
+    );
+    let pools = pool("mtls", &[(mtls.address(), 1)], &keys, "");
+    // The listener asks for client certificates against the same bundle.
+    let listener = format!(
+        "client_auth = \"optional\"\nclient_ca = {ca_pem:?}\n{}",
+        route("/", "mtls", "")
+    );
+    let top = format!(
+        "[server]\nworkers = 2\nuser = \"nobody\"\n{}\n{pools}",
+        common::upstream::NO_RATE_LIMIT
+    );
+    let server = Server::start(&fx, &fx.config(&top, &listener));
+    let get_id = || {
+        let mut s = tls_connect(server.addr);
+        common::upstream::get(&mut s, "/id", "Connection: close\r\n").unwrap()
+    };
+    let r = get_id();
+    assert_eq!(r.status, 200, "{}", r.head);
+    assert_eq!(common::upstream::body_text(&r), "mtls");
+    server.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log().contains("reloaded configuration") {
+        assert!(
+            !server.log().contains("reload refused"),
+            "the reload as nobody was refused: {}",
+            server.log()
+        );
+        assert!(Instant::now() < deadline, "no reload: {}", server.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A new generation, new pools: a new handshake signs again.
+    for _ in 0..3 {
+        let r = get_id();
+        assert_eq!(r.status, 200, "{}", r.head);
+    }
+    assert!(mtls.conns.load(std::sync::atomic::Ordering::Relaxed) >= 4);
+    let wanted = needles(&client_key);
+    let (_, ks) = key_processes(&server);
+    let in_network = search_memory(server.pid(), &wanted);
+    assert!(
+        in_network.is_empty(),
+        "upstream client key material in the network-facing process: {in_network:?}"
+    );
+    let in_keys = search_memory(ks, &wanted);
+    assert!(
+        in_keys.iter().any(|n| n.starts_with("ec scalar")),
+        "the key server holds the upstream client key: {in_keys:?}"
+    );
+}

@@ -1610,3 +1610,97 @@ fn a_replaced_generation_stops_its_checks_while_an_old_client_holds_it() {
     );
     assert!(common::closed_within(&mut held, Duration::from_secs(2)));
 }
+
+/// A request without a Host (HTTP/1.0) goes upstream with the name the
+/// client asked for in its handshake, or without one the address it
+/// connected to: never with an empty Host, which nginx answers 400.
+#[test]
+fn a_hostless_request_goes_upstream_with_the_sni_or_the_address() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let last_host = || {
+        let head = a.last_head.lock().unwrap().clone();
+        head.split("\r\n")
+            .find_map(|l| l.strip_prefix("Host:").map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| panic!("no Host: {head}"))
+    };
+    for request in [
+        &b"GET /id HTTP/1.0\r\n\r\n"[..],
+        b"GET /id HTTP/1.0\r\nHost:\r\n\r\n",
+    ] {
+        // Under SNI "localhost".
+        let answer = common::raw_exchange(server.addr, request);
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert_eq!(last_host(), "localhost");
+        // By address: no SNI.
+        let mut s = common::tls_connect_with(
+            server.addr,
+            "127.0.0.1",
+            common::client_config(rustls::DEFAULT_VERSIONS),
+        )
+        .unwrap();
+        s.write_all(request).unwrap();
+        let answer = common::read_to_close(&mut s);
+        assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+        assert_eq!(
+            last_host(),
+            server.addr.to_string(),
+            "{}\n{}",
+            a.last_head.lock().unwrap(),
+            server.access_log()
+        );
+    }
+    // The client's own Host still wins; forwarding fields carry only it.
+    let answer = common::raw_exchange(server.addr, b"GET /id HTTP/1.0\r\nHost: a.test\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert_eq!(last_host(), "a.test");
+}
+
+/// RFC 9110 §6.6.1: a response relayed without `Date` gets one (the test
+/// upstream sends none); HTTP/1.1 and HTTP/2 clients alike.
+#[test]
+fn a_response_without_a_date_is_relayed_with_one() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let answer = common::raw_exchange(
+        server.addr,
+        b"GET /id HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    let head = answer.split_once("\r\n\r\n").unwrap().0;
+    let dates = head
+        .lines()
+        .filter(|l| l.to_ascii_lowercase().starts_with("date: "))
+        .count();
+    assert_eq!(dates, 1, "{head}");
+    assert!(head.contains(" GMT"), "{head}");
+    let out = server.curl(&[
+        "--http2",
+        "-sk",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        &server.url("/id"),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+    assert!(text.starts_with("http/2 200"), "{text}");
+    assert_eq!(text.matches("\ndate: ").count(), 1, "{text}");
+}
+
+/// Any number of interim `102 Processing` heads before the final answer:
+/// the final one is relayed (they were a 502 past 8).
+#[test]
+fn many_interim_responses_before_the_final_one_are_skipped() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let mut s = tls_connect(server.addr);
+    let r = get(&mut s, "/processing", "").unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(body_text(&r), "done");
+}

@@ -387,6 +387,20 @@ fn serve_conn(
                 ok(name.as_bytes())
             }
             "/headers" => ok(head.as_bytes()),
+            // Ten interim `102 Processing` heads, 20 ms apart, then 200.
+            "/processing" => {
+                for _ in 0..10 {
+                    if io
+                        .write_all(b"HTTP/1.1 102 Processing\r\n\r\n")
+                        .and_then(|()| io.flush())
+                        .is_err()
+                    {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                ok(b"done")
+            }
             // Hop-by-hop fields of every kind around one that passes.
             "/hop" => b"HTTP/1.1 200 OK\r\nConnection: X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: keep-alive\r\nUpgrade: h2c\r\nTrailer: X-T\r\nX-End: kept\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-T: 1\r\n\r\n".to_vec(),
             // A body that stops short of its length, then the connection closes.
