@@ -26,7 +26,9 @@ pub mod upstream;
 pub use chunked::{ChunkedDecoder, Decoded};
 pub use error::{ChunkError, ParseError};
 pub use request::{parse_request, BodyFraming, Limits, Method, RequestHead, Version};
-pub use response::{end_head, reason_phrase, write_header, write_header_u64, write_status_line};
+pub use response::{
+    end_head, reason_phrase, with_date, write_header, write_header_u64, write_status_line,
+};
 pub use target::{host_without_port, is_target_text, is_valid_host};
 pub use upstream::{parse_response, ResponseError, ResponseFraming, ResponseHead};
 

@@ -126,9 +126,43 @@ fn push_decimal(buf: &mut Vec<u8>, mut n: u64) {
     buf.extend_from_slice(digits.get(start..).unwrap_or_default());
 }
 
+thread_local! {
+    /// The `Date` value, formatted at most once a second per thread.
+    static DATE: std::cell::RefCell<(u64, String)> =
+        const { std::cell::RefCell::new((u64::MAX, String::new())) };
+}
+
+/// Calls `f` with the current date as a `Date` field value (IMF-fixdate,
+/// RFC 9110 §5.6.7), formatted once a second per thread: a server's
+/// responses carry one, and a proxy adds one to a response that has none
+/// (§6.6.1).
+pub fn with_date<R>(f: impl FnOnce(&[u8]) -> R) -> R {
+    let now = std::time::SystemTime::now();
+    let secs = now
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.0 != secs {
+            *d = (secs, httpdate::fmt_http_date(now));
+        }
+        f(d.1.as_bytes())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_date_is_an_imf_fixdate_of_now() {
+        let text = with_date(|d| String::from_utf8(d.to_vec()).unwrap());
+        assert_eq!(text.len(), 29, "{text}");
+        assert!(text.ends_with(" GMT"), "{text}");
+        let when = httpdate::parse_http_date(&text).unwrap();
+        let age = std::time::SystemTime::now().duration_since(when).unwrap();
+        assert!(age < std::time::Duration::from_secs(2), "{text}");
+    }
 
     #[test]
     fn status_line() {

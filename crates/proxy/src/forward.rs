@@ -16,12 +16,12 @@ use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use tlsgate_http1::{
-    end_head, is_field_value, list_elements, parse_response, write_header, write_header_u64,
-    write_status_line, BodyFraming, ChunkedDecoder, Method, RequestHead, ResponseFraming,
-    ResponseHead, Version,
+    end_head, is_field_value, list_elements, parse_response, with_date, write_header,
+    write_header_u64, write_status_line, BodyFraming, ChunkedDecoder, Method, RequestHead,
+    ResponseFraming, ResponseHead, Version,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::timeout_at;
@@ -279,34 +279,6 @@ fn response_fields(resp: &ResponseHead) -> impl Iterator<Item = (&str, &[u8])> +
     let named = connection_named(resp.headers());
     resp.headers()
         .filter(move |(name, _)| !dropped(name, RESPONSE_DROP, &named))
-}
-
-/// An IMF-fixdate (RFC 9110 §5.6.7).
-fn http_date(now: SystemTime) -> String {
-    httpdate::fmt_http_date(now)
-}
-
-thread_local! {
-    /// The `Date` value added to responses without one, formatted at most
-    /// once a second per worker thread.
-    static DATE: std::cell::RefCell<(u64, String)> =
-        const { std::cell::RefCell::new((u64::MAX, String::new())) };
-}
-
-/// Calls `f` with the current date (RFC 9110 §6.6.1: a proxy with a clock
-/// adds `Date` to a response that has none).
-fn with_date(f: impl FnOnce(&[u8])) {
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.0 != secs {
-            *d = (secs, http_date(now));
-        }
-        f(d.1.as_bytes());
-    });
 }
 
 /// Whether a retry may send the request again (RFC 9110 §9.2.2).
@@ -1740,7 +1712,7 @@ async fn relay_stream<B: RequestBody, S: Responder>(
     let date = resp
         .header("date")
         .is_none()
-        .then(|| http_date(SystemTime::now()));
+        .then(|| with_date(|d| String::from_utf8_lossy(d).into_owned()));
     let mut fields = response_fields(&resp)
         .chain(date.as_deref().map(|d| ("date", d.as_bytes())))
         .chain(length.as_deref().map(|l| ("content-length", l)));

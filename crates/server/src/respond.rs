@@ -4,7 +4,6 @@
 //! and the access log line and metrics of each answered request. Framing
 //! the response on the wire is each protocol's business, not this one's.
 
-use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -12,7 +11,7 @@ use std::time::{Instant, SystemTime};
 use tlsgate_files::{
     select, DocumentRoot, FileMeta, Found, LookupError, Preconditions, Selection, StaticFile,
 };
-use tlsgate_http1::{reason_phrase, Method};
+use tlsgate_http1::{reason_phrase, with_date, Method};
 use tokio::sync::watch;
 
 use crate::access_log::{self, Record};
@@ -178,25 +177,6 @@ fn put_len(put: &mut impl FnMut(&'static str, &[u8]), len: u64) {
 /// `"404 Not Found\n"` and the like.
 fn text_body_len(status: u16) -> u64 {
     (3 + 1 + reason_phrase(status).len() + 1) as u64
-}
-
-thread_local! {
-    /// The `Date` header value, rebuilt at most once a second per worker.
-    static DATE: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
-}
-
-fn with_date(f: impl FnOnce(&[u8])) {
-    let now = SystemTime::now();
-    let secs = now
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.0 != secs {
-            *d = (secs, httpdate::fmt_http_date(now));
-        }
-        f(d.1.as_bytes());
-    });
 }
 
 /// Answers one request from the document root: GET and HEAD only (other
