@@ -700,11 +700,6 @@ mod tests {
 
     #[test]
     fn a_reload_keeps_one_idle_list_per_running_worker() {
-        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
-        let files = || tls::PoolFiles {
-            read: &read,
-            clients: &[],
-        };
         let dir = tempfile::tempdir().unwrap();
         let servers = ["127.0.0.1:1".parse().unwrap()];
         let metrics = tlsgate_metrics::Metrics::new().proxy;
@@ -712,7 +707,7 @@ mod tests {
             &config_of(dir.path(), &servers, "", 8),
             &metrics,
             None,
-            files(),
+            DISK,
         )
         .unwrap();
         let idle_lists = |p: &Pools| p.pools[0].servers[0].idle.len();
@@ -720,26 +715,21 @@ mod tests {
         // `server.workers = 2` waits for a restart: the 8 threads still
         // each need a list of their own.
         let fewer = config_of(dir.path(), &servers, "", 2);
-        let reloaded = Pools::build(&fewer, &metrics, Some(&first), files()).unwrap();
+        let reloaded = Pools::build(&fewer, &metrics, Some(&first), DISK).unwrap();
         assert_eq!(idle_lists(&reloaded), 10);
-        let again = Pools::build(&fewer, &metrics, Some(&reloaded), files()).unwrap();
+        let again = Pools::build(&fewer, &metrics, Some(&reloaded), DISK).unwrap();
         assert_eq!(idle_lists(&again), 10);
     }
 
     #[test]
     fn a_retired_pool_keeps_no_idle_connection_and_leaves_the_gauge() {
-        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
-        let files = || tls::PoolFiles {
-            read: &read,
-            clients: &[],
-        };
         let dir = tempfile::tempdir().unwrap();
         let servers = ["127.0.0.1:1".parse().unwrap()];
         let metrics = tlsgate_metrics::Metrics::new().proxy;
         let config = config_of(dir.path(), &servers, "", 1);
-        let old = Pools::build(&config, &metrics, None, files()).unwrap();
+        let old = Pools::build(&config, &metrics, None, DISK).unwrap();
         old.publish();
-        let new = Pools::build(&config, &metrics, Some(&old), files()).unwrap();
+        let new = Pools::build(&config, &metrics, Some(&old), DISK).unwrap();
         new.publish();
         old.retire();
         assert!(old.pools[0].is_retired());
@@ -755,21 +745,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config_of(dir.path(), servers, keys, 1);
         let metrics = tlsgate_metrics::Metrics::new().proxy;
-        let read = |p: &std::path::Path| std::fs::read(p).map(Arc::new);
-        let files = tls::PoolFiles {
-            read: &read,
-            clients: &[],
-        };
         Pool::new(
             "t",
             &config.upstreams[0],
             1,
             &metrics,
             previous,
-            (files, None),
+            (DISK, None),
         )
         .unwrap()
     }
+
+    fn read_from_disk(p: &std::path::Path) -> std::io::Result<Arc<Vec<u8>>> {
+        std::fs::read(p).map(Arc::new)
+    }
+
+    /// The pools' files read here, as with `key_isolation = false`; no
+    /// client certificates.
+    const DISK: tls::PoolFiles<'static> = tls::PoolFiles {
+        read: &read_from_disk,
+        clients: &[],
+    };
 
     /// Leases server 0 and connects; the connection, and whether it was
     /// an idle one.
