@@ -293,17 +293,26 @@ impl Drop for OpenStream<'_> {
 
 /// A request header's value; repeated fields joined with ", " (RFC 9110 §5.3).
 fn joined(headers: &HeaderMap, name: impl AsHeaderName) -> Option<Vec<u8>> {
-    joined_with(headers, name, b", ")
+    joined_with(headers, name, b", ", usize::MAX)
 }
-
-/// A request header's fields joined with `sep` (cookies take "; ").
-fn joined_with(headers: &HeaderMap, name: impl AsHeaderName, sep: &[u8]) -> Option<Vec<u8>> {
+/// A field's values joined by `sep`, at most `max` bytes of them.
+fn joined_with(
+    headers: &HeaderMap,
+    name: impl AsHeaderName,
+    sep: &[u8],
+    max: usize,
+) -> Option<Vec<u8>> {
     let mut values = headers.get_all(name).iter();
-    let first = values.next()?;
-    let mut out = first.as_bytes().to_vec();
+    let first = values.next()?.as_bytes();
+    let mut out = first.get(..max).unwrap_or(first).to_vec();
     for v in values {
-        out.extend_from_slice(sep);
-        out.extend_from_slice(v.as_bytes());
+        if out.len() >= max {
+            break;
+        }
+        for part in [sep, v.as_bytes()] {
+            let room = max.saturating_sub(out.len());
+            out.extend_from_slice(part.get(..room).unwrap_or(part));
+        }
     }
     Some(out)
 }
@@ -313,20 +322,7 @@ fn joined_with(headers: &HeaderMap, name: impl AsHeaderName, sep: &[u8]) -> Opti
 /// past that (enough for the log to see, and mark, the cut), so HPACK's
 /// cheap repetition of one big indexed field costs no big copy.
 fn joined_for_log(headers: &HeaderMap, name: impl AsHeaderName) -> Option<Vec<u8>> {
-    let cap = crate::access_log::FIELD_MAX + 1;
-    let mut values = headers.get_all(name).iter();
-    let first = values.next()?.as_bytes();
-    let mut out = first.get(..cap).unwrap_or(first).to_vec();
-    for v in values {
-        if out.len() >= cap {
-            break;
-        }
-        for part in [&b", "[..], v.as_bytes()] {
-            let room = cap.saturating_sub(out.len());
-            out.extend_from_slice(part.get(..room).unwrap_or(part));
-        }
-    }
-    Some(out)
+    joined_with(headers, name, b", ", crate::access_log::FIELD_MAX + 1)
 }
 
 /// The HTTP/2 name of a response header of the core's (no parsing per

@@ -49,7 +49,7 @@ pub(super) async fn serve(
     let is_head = method == &Method::Head;
     let h = &parts.headers;
     // Cookies split across fields (RFC 9113 §8.2.3) go upstream as one.
-    let cookie = super::joined_with(h, &header::COOKIE, b"; ");
+    let cookie = super::joined_with(h, &header::COOKIE, b"; ", usize::MAX);
     let fields = match translate(parts, method, cookie.as_deref()) {
         Ok(f) => f,
         Err(Unfit(status, reason)) => {
