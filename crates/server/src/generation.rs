@@ -94,7 +94,7 @@ pub fn build(
             // Bound to the listener and its client certificate policy: its
             // tickets resume only on the listener at the same place in the
             // configuration (here or on a fleet peer), under the same policy.
-            let keys = &keys.1;
+            let keys = &keys.keys;
             tls.set_tickets(|tag| keys.for_listener(&format!("{}{tag}", l.key_path)));
         }
         let open = |key: String, path: &std::path::Path| {

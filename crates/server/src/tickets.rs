@@ -3,6 +3,7 @@
 //! SIGHUP does not cut off every ticket issued so far), and reported in
 //! the metrics.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tlsgate_config::SessionTickets;
@@ -20,7 +21,7 @@ pub struct TicketCache {
 }
 
 struct State {
-    current: Option<(SessionTickets, Arc<TicketKeys>)>,
+    current: Option<Chosen>,
     /// Refresher threads (rotation, key file polling) may run: only once
     /// serving has started and privileges are dropped; never for check-config.
     threads: bool,
@@ -59,7 +60,7 @@ impl TicketCache {
     pub fn start_threads(&self) -> Result<(), TicketKeyError> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         state.threads = true;
-        if let Some((_, keys)) = &state.current {
+        if let Some(Chosen { keys, .. }) = &state.current {
             keys.spawn_refresher()?;
         }
         Ok(())
@@ -78,14 +79,22 @@ impl TicketCache {
                 && (policy.key_file.is_some() || old.rotation == policy.rotation)
         };
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((old, keys)) = state.current.as_ref() {
-            if same(old) {
-                return Ok(Some((old.clone(), keys.clone())));
+        if let Some(current) = state.current.as_ref() {
+            if same(&current.policy) {
+                return Ok(Some(current.clone()));
             }
         }
         drop(state);
-        let keys = TicketKeys::new(policy, self.run_as, self.observer.clone())?;
-        Ok(Some((policy.clone(), keys)))
+        let observer = Arc::new(InService {
+            inner: self.observer.clone(),
+            on: AtomicBool::new(false),
+        });
+        let keys = TicketKeys::new(policy, self.run_as, observer.clone())?;
+        Ok(Some(Chosen {
+            policy: policy.clone(),
+            keys,
+            observer,
+        }))
     }
 
     /// Makes `chosen` (what [`get`](Self::get) gave the generation now put
@@ -93,27 +102,77 @@ impl TicketCache {
     /// committed: its keys go with it, and the running ones stay current
     /// (a later reload to the running settings keeps every ticket valid).
     pub(crate) fn commit(&self, chosen: Option<&Chosen>) -> Result<(), TicketKeyError> {
-        let Some((policy, keys)) = chosen else {
+        let Some(chosen) = chosen else {
             return Ok(());
         };
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if state
             .current
             .as_ref()
-            .is_some_and(|(_, k)| Arc::ptr_eq(k, keys))
+            .is_some_and(|c| Arc::ptr_eq(&c.keys, &chosen.keys))
         {
             return Ok(());
         }
-        state.current = Some((policy.clone(), keys.clone()));
+        if let Some(old) = &state.current {
+            old.observer.on.store(false, Ordering::Relaxed);
+        }
+        chosen.observer.on.store(true, Ordering::Relaxed);
+        chosen.observer.key_count(chosen.keys.key_count());
+        state.current = Some(chosen.clone());
         if state.threads {
-            keys.spawn_refresher()?;
+            chosen.keys.spawn_refresher()?;
         }
         Ok(())
     }
 }
 
 /// Ticket keys and the settings they were made for.
-pub(crate) type Chosen = (SessionTickets, Arc<TicketKeys>);
+#[derive(Clone)]
+pub(crate) struct Chosen {
+    policy: SessionTickets,
+    pub(crate) keys: Arc<TicketKeys>,
+    observer: Arc<InService>,
+}
+
+/// What one set of keys reports about itself (their count, rotations and
+/// file reloads) reaches the metrics only while that set is in service:
+/// a refused reload's keys, or the keys a reload replaced and that
+/// in-flight connections still hold, must not overwrite the gauge.
+/// Tickets issued and opened are always counted: they are real.
+struct InService {
+    inner: Arc<dyn TicketObserver>,
+    on: AtomicBool,
+}
+
+impl InService {
+    fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+}
+
+impl TicketObserver for InService {
+    fn issued(&self) {
+        self.inner.issued();
+    }
+    fn opened(&self, result: Result<(), Refused>) {
+        self.inner.opened(result);
+    }
+    fn key_count(&self, count: usize) {
+        if self.on() {
+            self.inner.key_count(count);
+        }
+    }
+    fn reloaded(&self, ok: bool) {
+        if self.on() {
+            self.inner.reloaded(ok);
+        }
+    }
+    fn rotated(&self) {
+        if self.on() {
+            self.inner.rotated();
+        }
+    }
+}
 
 /// Counts ticket events in the server's metrics.
 struct MetricsObserver {

@@ -595,3 +595,36 @@ fn the_key_file_is_re_read_after_switching_to_nobody() {
         assert_eq!(visit(&s, c), HandshakeKind::Resumed, "{label}");
     }
 }
+
+#[test]
+fn a_refused_reload_does_not_report_the_ticket_keys_it_read() {
+    let fx = Fixture::new();
+    let one = fx.path().join("one.keys");
+    let three = fx.path().join("three.keys");
+    ticket_keys(&["generate", one.to_str().unwrap()]);
+    ticket_keys(&["generate", three.to_str().unwrap()]);
+    for _ in 0..2 {
+        ticket_keys(&["rotate", three.to_str().unwrap(), "--keep", "3"]);
+    }
+    let cfg = |keys: &Path, listen: &str| {
+        fx.config(&format!("[tls]\n{}", key_file_tls(keys, "")), "")
+            .replace(
+                "listen = [\"127.0.0.1:0\"]",
+                &format!("listen = [{listen:?}]"),
+            )
+    };
+    let s = Server::start(&fx, &cfg(&one, "127.0.0.1:0"));
+    wait_metric(&s, "tlsgate_ticket_keys", 1.0);
+    // Three keys, but refused for its changed listen address: the gauge
+    // must go on saying what is in service.
+    fx.write_config(&cfg(&three, "127.0.0.3:0"));
+    s.signal("HUP");
+    s.wait_log("reload refused", Duration::from_secs(5));
+    let text = s.admin_get("/metrics");
+    assert_eq!(sample(&text, "tlsgate_ticket_keys"), 1.0, "{text}");
+    // The same keys in an accepted reload are counted.
+    fx.write_config(&cfg(&three, "127.0.0.1:0"));
+    s.signal("HUP");
+    s.wait_log("reloaded configuration", Duration::from_secs(5));
+    wait_metric(&s, "tlsgate_ticket_keys", 3.0);
+}
