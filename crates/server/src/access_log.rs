@@ -488,14 +488,15 @@ fn combined(r: &Record<'_>) -> String {
     s.push_str("\" \"");
     escaped_field(&mut s, r.user_agent.unwrap_or(b"-"));
     s.push('"');
-    // Proxied requests only: the combined format's fields stay as they are.
+    // Proxied requests only: the combined format's fields stay as they are,
+    // and these two stay one field each (spaces escaped).
     if let Some(u) = r.upstream {
         s.push_str(" upstream=");
-        escaped(&mut s, u.as_bytes());
+        user_field(&mut s, u);
     }
     if let Some(e) = r.upstream_error {
         s.push_str(" upstream_error=");
-        escaped(&mut s, e.as_bytes());
+        user_field(&mut s, e);
     }
     s.push('\n');
     s
@@ -656,6 +657,13 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&format(LogFormat::Json, &r)).unwrap();
         assert_eq!(v["upstream"], "10.0.0.1:80");
         assert_eq!(v["upstream_error"], "connect");
+        // Whatever an upstream is named, it stays one field.
+        let r = Record {
+            upstream: Some("app one:80"),
+            ..r
+        };
+        let line = format(LogFormat::Combined, &r);
+        assert!(line.contains(" upstream=app\\x20one:80 "), "{line}");
     }
 
     #[test]
