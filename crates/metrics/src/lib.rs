@@ -11,6 +11,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::OnceLock;
 
 pub use prometheus_client::collector::Collector;
 
@@ -244,7 +245,25 @@ pub struct Metrics {
     pub h2_errors_sent: Family<H2ErrorLabel, Counter>,
     /// The reverse proxy's pools and servers.
     pub proxy: ProxyMetrics,
+    /// `requests` and `body_bytes` handles, each looked up once.
+    per_request: PerRequest,
 }
+
+/// The counters every request adds to, each looked up in its `Family`
+/// once (at its first use, so that no series shows before it counts): a
+/// lookup takes the family's lock and hashes the labels' strings, twice
+/// per request on the 1 KiB paths.
+#[derive(Debug, Default)]
+struct PerRequest {
+    /// By protocol ("http/1.1", "h2"), then status class.
+    status: [[OnceLock<Counter>; STATUS_CLASSES.len()]; REQUEST_PROTOCOLS.len()],
+    /// By [`BODY_PATHS`].
+    body: [OnceLock<Counter>; BODY_PATHS.len()],
+}
+
+const REQUEST_PROTOCOLS: [&str; 2] = ["http/1.1", "h2"];
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+const BODY_PATHS: [&str; 3] = ["userspace", "ktls_write", "sendfile"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -296,6 +315,7 @@ impl Metrics {
             h2_rejected: Family::default(),
             h2_errors_sent: Family::default(),
             proxy: ProxyMetrics::new(),
+            per_request: PerRequest::default(),
         };
         m.proxy.register(&mut m.registry);
         let r = &mut m.registry;
@@ -481,23 +501,32 @@ impl Metrics {
 
     /// Adds response body bytes sent by `path`.
     pub fn count_body(&self, path: &'static str, bytes: u64) {
-        self.body_bytes
-            .get_or_create(&PathLabel { path })
-            .inc_by(bytes);
+        let family = || self.body_bytes.get_or_create(&PathLabel { path }).clone();
+        match BODY_PATHS.iter().position(|p| *p == path) {
+            Some(i) => self.per_request.body[i].get_or_init(family).inc_by(bytes),
+            None => family().inc_by(bytes),
+        };
     }
 
     /// Counts a response sent in `protocol` ("http/1.1" or "h2").
     pub fn count_status(&self, protocol: &'static str, status: u16) {
-        let class = match status {
-            100..=199 => "1xx",
-            200..=299 => "2xx",
-            300..=399 => "3xx",
-            400..=499 => "4xx",
-            _ => "5xx",
+        let c = match status {
+            100..=199 => 0,
+            200..=299 => 1,
+            300..=399 => 2,
+            400..=499 => 3,
+            _ => 4,
         };
-        self.requests
-            .get_or_create(&StatusLabel { class, protocol })
-            .inc();
+        let class = STATUS_CLASSES[c];
+        let family = || {
+            self.requests
+                .get_or_create(&StatusLabel { class, protocol })
+                .clone()
+        };
+        match REQUEST_PROTOCOLS.iter().position(|p| *p == protocol) {
+            Some(p) => self.per_request.status[p][c].get_or_init(family).inc(),
+            None => family().inc(),
+        };
     }
 
     /// Counts an HTTP/2 connection or stream ended by `reason`.
@@ -555,6 +584,38 @@ mod tests {
         );
         assert!(text.contains(r#"{counter="Tls\"Tx"} 1"#), "{text}");
         assert!(!text.contains("d\ne"), "a raw newline in a value: {text}");
+    }
+
+    #[test]
+    fn per_request_counters_count_in_their_series_and_show_only_once_used() {
+        let m = Metrics::new();
+        assert!(!m.render().contains("requests_total{"));
+        for _ in 0..3 {
+            m.count_status("h2", 204);
+        }
+        m.count_status("http/1.1", 503);
+        // A protocol the cache does not know still counts.
+        m.count_status("HTTP/1.0", 200);
+        m.count_body("sendfile", 10);
+        m.count_body("sendfile", 5);
+        m.count_body("elsewhere", 7);
+        // A handle taken from the family sees the same count.
+        let direct = m.requests.get_or_create(&StatusLabel {
+            class: "2xx",
+            protocol: "h2",
+        });
+        assert_eq!(direct.get(), 3);
+        let text = m.render();
+        for line in [
+            r#"tlsgate_requests_total{class="2xx",protocol="h2"} 3"#,
+            r#"tlsgate_requests_total{class="5xx",protocol="http/1.1"} 1"#,
+            r#"tlsgate_requests_total{class="2xx",protocol="HTTP/1.0"} 1"#,
+            r#"tlsgate_body_bytes_total{path="sendfile"} 15"#,
+            r#"tlsgate_body_bytes_total{path="elsewhere"} 7"#,
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        assert!(!text.contains(r#"path="userspace""#), "{text}");
     }
 
     #[test]
