@@ -1386,3 +1386,90 @@ fn a_slow_reader_gets_a_big_file_byte_exact() {
     assert!(got[h2..b2].starts_with(b"HTTP/1.1 200 OK\r\n"));
     assert!(got[b2..] == fx.big[..], "the second body differs");
 }
+
+/// `If-Range` with a date matches only a strong `Last-Modified` (RFC 9110
+/// §13.1.5, §8.8.2.2): a file written again within the second of its
+/// `Last-Modified` keeps the same date, so a range asked for with that
+/// date gets the whole new file, never a 206 that would splice new bytes
+/// onto the old ones the client has.
+#[test]
+fn if_range_with_a_date_from_the_same_second_as_a_rewrite_gives_the_whole_file() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let file = fx.root.join("race.txt");
+    let url = s.url("/race.txt");
+    let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    for attempt in 0.. {
+        // Begin early in a second so that all of it fits in that second.
+        while now().subsec_millis() > 100 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let second = now().as_secs();
+        std::fs::write(&file, "A".repeat(20)).unwrap();
+        let first = String::from_utf8(body(&s.curl(&["-i", &url]))).unwrap();
+        assert!(first.contains(&"A".repeat(20)), "{first}");
+        let lm = first
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("last-modified: ")
+                    .or(l.strip_prefix("Last-Modified: "))
+            })
+            .unwrap()
+            .trim()
+            .to_string();
+        {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.write_all("B".repeat(20).as_bytes()).unwrap();
+        }
+        let ranged = String::from_utf8(body(&s.curl(&[
+            "-i",
+            "-H",
+            &format!("If-Range: {lm}"),
+            "-H",
+            "Range: bytes=10-",
+            &url,
+        ])))
+        .unwrap();
+        if now().as_secs() != second {
+            assert!(attempt < 10, "never fitted in one second");
+            continue;
+        }
+        // The whole file, as the worker that answered has it (its
+        // open-file cache may still hold the first version for a moment).
+        assert!(ranged.starts_with("HTTP/1.1 200"), "{ranged}");
+        assert!(
+            ranged.ends_with(&"B".repeat(20)) || ranged.ends_with(&"A".repeat(20)),
+            "{ranged}"
+        );
+        break;
+    }
+    // Once a second has passed the date is strong: the range is served
+    // (after the open-file caches of every worker have looked again).
+    std::thread::sleep(Duration::from_millis(2100));
+    let head = String::from_utf8(body(&s.curl(&["-I", &url]))).unwrap();
+    let lm = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("last-modified: ")
+                .or(l.strip_prefix("Last-Modified: "))
+        })
+        .unwrap()
+        .trim()
+        .to_string();
+    let ranged = String::from_utf8(body(&s.curl(&[
+        "-i",
+        "-H",
+        &format!("If-Range: {lm}"),
+        "-H",
+        "Range: bytes=10-",
+        &url,
+    ])))
+    .unwrap();
+    assert!(
+        ranged.starts_with("HTTP/1.1 206"),
+        "{head}\n{ranged}\nat {:?}",
+        now()
+    );
+    assert!(ranged.ends_with(&"B".repeat(10)), "{ranged}");
+}
