@@ -901,8 +901,9 @@ fn check_client_auth_per_name(
             let same_names = match (&a.names, &b.names) {
                 (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
                 // Names from the certificates themselves are only known once
-                // they are read; entries without names must agree.
-                (None, None) => true,
+                // they are read: the certificate store compares the names
+                // each entry serves when it is built (check-config and
+                // serve build it too), naming the entries.
                 _ => false,
             };
             let both_default = a.default && b.default;
