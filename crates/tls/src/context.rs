@@ -16,7 +16,7 @@ use tlsgate_config::{
 use crate::certs::LoadedCert;
 use crate::client_auth;
 use crate::error::CertError;
-use crate::resolver::CertStore;
+use crate::resolver::{CertStore, StoreError};
 
 /// What a listener needs to accept TLS: the rustls config and the
 /// certificate index (consulted before the handshake for SNI policy).
@@ -38,7 +38,8 @@ pub enum ContextError {
     #[error("cannot build the TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     /// Two certificates serve one name under different client certificate
-    /// policies (names the second one's config key).
+    /// policies, or with keys of the same type so that one would never be
+    /// served (names the second one's config key).
     #[error("key `{key}`: {problem}")]
     PolicyConflict {
         /// Config key, e.g. `listener[0].certificate[1].client_auth`.
@@ -170,12 +171,27 @@ impl TlsContext {
         if distinct.is_empty() {
             distinct.push(&listener.client_auth);
         }
-        let store = CertStore::new(certs, &index, policy.unknown_sni).map_err(|c| {
+        let store = CertStore::new(certs, &index, policy.unknown_sni).map_err(|e| {
             let path = |i: usize| match &listener.certificates {
                 Certificates::Files(files) => files
                     .get(i)
                     .map_or_else(|| format!("certificate {i}"), |f| f.key_path.clone()),
                 _ => format!("certificate {i}"),
+            };
+            let c = match e {
+                StoreError::Policy(c) => c,
+                StoreError::Shadowed(s) => {
+                    return ContextError::PolicyConflict {
+                        key: format!("{}.cert", path(s.shadowed)),
+                        problem: format!(
+                            "serves {:?} with a {} key, as {} does (names from a certificate's subjectAltName count): the handshake always picks {}, this one would never be served; expected one certificate per name and key type (after a renewal, remove the old one)",
+                            s.name,
+                            s.algorithm,
+                            path(s.kept),
+                            path(s.kept),
+                        ),
+                    }
+                }
             };
             ContextError::PolicyConflict {
                 key: format!("{}.client_auth", path(c.second)),

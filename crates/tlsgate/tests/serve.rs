@@ -1473,3 +1473,47 @@ fn if_range_with_a_date_from_the_same_second_as_a_rewrite_gives_the_whole_file()
     );
     assert!(ranged.ends_with(&"B".repeat(10)), "{ranged}");
 }
+
+/// Two certificates of the same key type for one name (a renewed one
+/// added next to the old one, names from the certificates) are refused by
+/// check-config and serve naming both entries: the handshake would always
+/// pick the first. Another curve or key type for the name is fine.
+#[test]
+fn a_second_certificate_of_the_same_key_type_for_a_name_is_refused() {
+    let fx = Fixture::new();
+    let d = fx.path();
+    let old = make_cert(d, "old", &["a.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let renewed = make_cert(d, "new", &["a.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let p384 = make_cert(d, "p384", &["a.test"], &rcgen::PKCS_ECDSA_P384_SHA384);
+    let entry = |c: &CertFiles| {
+        format!(
+            "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
+            c.cert, c.key
+        )
+    };
+    let twice = fx.write_config(&fx.config("", &(entry(&old) + &entry(&renewed))));
+    for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
+        let out = Command::new(bin()).args(cmd).arg(&twice).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(
+            err.contains("listener[0].certificate[2].cert")
+                && err.contains("listener[0].certificate[1]")
+                && err.contains("\"a.test\"")
+                && err.contains("ECDSA"),
+            "{cmd:?}: {err}"
+        );
+        assert!(!err.contains("listening on"), "{err}");
+    }
+    let curves = fx.write_config(&fx.config("", &(entry(&old) + &entry(&p384))));
+    let out = Command::new(bin())
+        .arg("check-config")
+        .arg(&curves)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
