@@ -8,7 +8,7 @@ use rustls::crypto::aws_lc_rs::{cipher_suite as cs, default_provider, kx_group};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{NoServerSessionStorage, ProducesTickets};
-use rustls::{ServerConfig, SupportedCipherSuite};
+use rustls::{ServerConfig, SignatureAlgorithm, SupportedCipherSuite};
 use tlsgate_config::{
     Alpn, Certificates, CipherSuite, ClientAuth, KxGroup, Listener, TlsPolicy, TlsVersion,
 };
@@ -113,6 +113,66 @@ fn suite(s: CipherSuite) -> SupportedCipherSuite {
     }
 }
 
+/// The key type a TLS 1.2 suite signs its key exchange with; `None` for
+/// TLS 1.3 suites, which take any certificate.
+fn tls12_signer(s: CipherSuite) -> Option<&'static str> {
+    match s {
+        CipherSuite::Tls13Aes128GcmSha256
+        | CipherSuite::Tls13Aes256GcmSha384
+        | CipherSuite::Tls13Chacha20Poly1305Sha256 => None,
+        CipherSuite::EcdheEcdsaAes128GcmSha256
+        | CipherSuite::EcdheEcdsaAes256GcmSha384
+        | CipherSuite::EcdheEcdsaChacha20Poly1305Sha256 => Some("ECDSA"),
+        CipherSuite::EcdheRsaAes128GcmSha256
+        | CipherSuite::EcdheRsaAes256GcmSha384
+        | CipherSuite::EcdheRsaChacha20Poly1305Sha256 => Some("RSA"),
+    }
+}
+
+/// With TLS 1.2 on, every certificate needs a TLS 1.2 suite its key can
+/// sign for: the certificate is chosen (by SNI and the client's signature
+/// schemes) before the suite, so a TLS 1.2 client given it would fail the
+/// handshake (`handshake_failure`), even when TLS 1.3 clients are served.
+fn check_tls12_suites(
+    policy: &TlsPolicy,
+    listener: &Listener,
+    certs: &[LoadedCert],
+) -> Result<(), ContextError> {
+    if !policy.versions.contains(&TlsVersion::Tls12) {
+        return Ok(());
+    }
+    let offered: Vec<&str> = policy
+        .cipher_suites
+        .iter()
+        .filter_map(|s| tls12_signer(*s))
+        .collect();
+    for (i, c) in certs.iter().enumerate() {
+        let needs = match c.algorithm() {
+            SignatureAlgorithm::ECDSA | SignatureAlgorithm::ED25519 => "ECDSA",
+            SignatureAlgorithm::RSA => "RSA",
+            _ => continue,
+        };
+        if offered.contains(&needs) {
+            continue;
+        }
+        let entry = match &listener.certificates {
+            Certificates::Files(files) => files
+                .get(i)
+                .map_or_else(|| format!("certificate {i}"), |f| f.key_path.clone()),
+            _ => format!("{}'s certificate", listener.key_path),
+        };
+        return Err(ContextError::PolicyConflict {
+            key: "tls.cipher_suites".into(),
+            problem: format!(
+                "TLS 1.2 is on but no TLS 1.2 suite can be used with the {:?} key of {entry} ({}): every TLS 1.2 client given it would fail the handshake; expected a TLS_ECDHE_{needs}_* suite, or versions = [\"1.3\"]",
+                c.algorithm(),
+                c.names.join(", "),
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn group(g: KxGroup) -> &'static dyn rustls::crypto::SupportedKxGroup {
     match g {
         KxGroup::X25519Mlkem768 => kx_group::X25519MLKEM768,
@@ -146,6 +206,7 @@ impl TlsContext {
         certs: &[LoadedCert],
         material: &crate::Material,
     ) -> Result<Self, ContextError> {
+        check_tls12_suites(policy, listener, certs)?;
         let provider = Arc::new(CryptoProvider {
             cipher_suites: policy.cipher_suites.iter().map(|s| suite(*s)).collect(),
             kx_groups: policy.kx_groups.iter().map(|g| group(*g)).collect(),

@@ -1517,3 +1517,42 @@ fn a_second_certificate_of_the_same_key_type_for_a_name_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// TLS 1.2 suites that no certificate can use (an ECDSA certificate, only
+/// `TLS_ECDHE_RSA_*` suites for 1.2) are refused by check-config and
+/// serve naming `tls.cipher_suites` and the certificate: every TLS 1.2
+/// client would fail its handshake. TLS 1.3 only, or a usable suite, pass.
+#[test]
+fn tls12_suites_no_certificate_can_use_are_refused() {
+    let fx = Fixture::new();
+    let suites = "cipher_suites = [\"TLS13_AES_128_GCM_SHA256\", \"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256\"]\n";
+    let bad = fx.write_config(&fx.config(&format!("[tls]\n{suites}"), ""));
+    for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
+        let out = Command::new(bin()).args(cmd).arg(&bad).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(
+            err.contains("tls.cipher_suites")
+                && err.contains("listener[0].certificate[0]")
+                && err.contains("ECDSA")
+                && err.contains("TLS 1.2"),
+            "{cmd:?}: {err}"
+        );
+    }
+    for top in [
+        format!("[tls]\nversions = [\"1.3\"]\n{suites}"),
+        "[tls]\ncipher_suites = [\"TLS13_AES_128_GCM_SHA256\", \"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256\"]\n".to_string(),
+    ] {
+        let good = fx.write_config(&fx.config(&top, ""));
+        let out = Command::new(bin())
+            .arg("check-config")
+            .arg(&good)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{top}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
