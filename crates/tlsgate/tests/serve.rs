@@ -1518,6 +1518,34 @@ fn a_second_certificate_of_the_same_key_type_for_a_name_is_refused() {
     );
 }
 
+/// Symlinks inside the root, as docs/config.md lists them: relative ones
+/// that never pass above the root are served; absolute ones and ones that
+/// climb above the root on their way back in get 403 (`RESOLVE_BENEATH`),
+/// like ones that lead out.
+#[test]
+fn symlinks_inside_the_root_are_served_only_when_relative_and_beneath() {
+    let fx = Fixture::new();
+    let root = &fx.root;
+    let top = root.file_name().unwrap().to_str().unwrap();
+    let link =
+        |name: &str, to: &std::path::Path| std::os::unix::fs::symlink(to, root.join(name)).unwrap();
+    link("rel.txt", "hello.txt".as_ref());
+    link("sub/up.txt", "../hello.txt".as_ref());
+    link("abs.txt", &root.join("hello.txt"));
+    link("climb.txt", format!("../{top}/hello.txt").as_ref());
+    let s = Server::start(&fx, &fx.config("", ""));
+    let status = |path: &str| {
+        let out = s.curl(&["-o", "/dev/null", "-w", "%{http_code}", &s.url(path)]);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(status("/rel.txt"), "200");
+    assert_eq!(status("/sub/up.txt"), "200");
+    assert_eq!(status("/inside-link.txt"), "200");
+    assert_eq!(status("/abs.txt"), "403");
+    assert_eq!(status("/climb.txt"), "403");
+    assert_eq!(status("/escape.txt"), "403");
+}
+
 /// TLS 1.2 suites that no certificate can use (an ECDSA certificate, only
 /// `TLS_ECDHE_RSA_*` suites for 1.2) are refused by check-config and
 /// serve naming `tls.cipher_suites` and the certificate: every TLS 1.2
