@@ -457,13 +457,21 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
             limits.max_body_bytes,
         )?;
         for a in &listener.addrs {
-            if a.port() != 0 && seen.contains(a) {
+            let key = format!("listener[{i}].listen");
+            if let Some((b, other)) = seen.iter().find(|(b, _)| overlaps(a, b)) {
                 return Err(c.err(
-                    format!("listener[{i}].listen"),
-                    format!("address {a} is used by more than one listener"),
+                    key,
+                    if a == b {
+                        format!("address {a} is also in `{other}`: each address can be listened on once")
+                    } else {
+                        format!(
+                            "address {a} overlaps {b} in `{other}`: a wildcard address \
+                             (0.0.0.0, [::]) takes the port on every address of its family"
+                        )
+                    },
                 ));
             }
-            seen.push(*a);
+            seen.push((*a, key));
         }
         listeners.push(listener);
     }
@@ -491,6 +499,17 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         open_file_cache,
         upstreams,
     })
+}
+
+/// Whether two listen addresses would take the same port: equal, or the
+/// same family and port with one of them the wildcard. IPv6 listeners are
+/// IPv6-only (`IPV6_V6ONLY`), so `[::]:P` and `0.0.0.0:P` coexist. Port 0
+/// (any free port) overlaps nothing.
+fn overlaps(a: &SocketAddr, b: &SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && a.is_ipv4() == b.is_ipv4()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// Most files one worker keeps open for one root: far below any
@@ -882,8 +901,9 @@ fn check_client_auth_per_name(
             let same_names = match (&a.names, &b.names) {
                 (Some(x), Some(y)) => x.iter().any(|n| y.contains(n)),
                 // Names from the certificates themselves are only known once
-                // they are read; entries without names must agree.
-                (None, None) => true,
+                // they are read: the certificate store compares the names
+                // each entry serves when it is built (check-config and
+                // serve build it too), naming the entries.
                 _ => false,
             };
             let both_default = a.default && b.default;

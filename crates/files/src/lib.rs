@@ -25,4 +25,4 @@ pub use cache::CacheOptions;
 pub use error::{LookupError, RootError};
 pub use meta::{content_type_for, http_date, parse_http_date, FileMeta};
 pub use root::{DocumentRoot, Found, RootOptions, StaticFile};
-pub use select::{select, Preconditions, Selection};
+pub use select::{select, select_at, Preconditions, Selection};

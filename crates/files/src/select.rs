@@ -12,7 +12,11 @@
 //! 5. `Range`, for GET and HEAD alike (a caller wanting RFC-strict HEAD
 //!    behaviour passes `range: None`), gated by `If-Range`: an entity tag
 //!    must match strongly, an HTTP-date must equal `Last-Modified` exactly
-//!    (second resolution); any mismatch or malformed `If-Range` → full body.
+//!    (second resolution) and `Last-Modified` must be a strong validator:
+//!    the file's mtime at least one second before now, the response's
+//!    `Date` (RFC 9110 §8.8.2.2; within that second the file may have been
+//!    written again with the same `Last-Modified`); any mismatch, weak date
+//!    or malformed `If-Range` → full body.
 //!
 //! Range decisions:
 //!
@@ -31,6 +35,7 @@
 //!   Partial; an empty file with any valid range → Unsatisfiable.
 
 use std::cmp::Ordering;
+use std::time::{Duration, SystemTime};
 
 use crate::meta::{parse_http_date, FileMeta};
 
@@ -77,6 +82,16 @@ pub enum Selection {
 /// Decides the response for a file given the request's conditional and
 /// range headers. `is_get_or_head` is whether the method is GET or HEAD.
 pub fn select(pre: &Preconditions, meta: &FileMeta, is_get_or_head: bool) -> Selection {
+    select_at(pre, meta, is_get_or_head, SystemTime::now())
+}
+
+/// [`select`] with `now` (the response's `Date`) given.
+pub fn select_at(
+    pre: &Preconditions,
+    meta: &FileMeta,
+    is_get_or_head: bool,
+    now: SystemTime,
+) -> Selection {
     let last_modified = meta.last_modified();
 
     if let Some(v) = pre.if_match {
@@ -112,7 +127,7 @@ pub fn select(pre: &Preconditions, meta: &FileMeta, is_get_or_head: bool) -> Sel
         return Selection::Full;
     };
     if let Some(v) = pre.if_range {
-        if !if_range_matches(v, meta) {
+        if !if_range_matches(v, meta, now) {
             return Selection::Full;
         }
     }
@@ -202,8 +217,8 @@ fn next_member(rest: &[u8]) -> Option<&[u8]> {
     }
 }
 
-/// Evaluates `If-Range` (RFC 9110 §13.1.5).
-fn if_range_matches(value: &[u8], meta: &FileMeta) -> bool {
+/// Evaluates `If-Range` (RFC 9110 §13.1.5) at `now`.
+fn if_range_matches(value: &[u8], meta: &FileMeta, now: SystemTime) -> bool {
     let v = trim_ows(value);
     if v.starts_with(b"\"") || v.starts_with(b"W/") {
         match (parse_whole_tag(meta.etag.as_bytes()), parse_whole_tag(v)) {
@@ -211,7 +226,14 @@ fn if_range_matches(value: &[u8], meta: &FileMeta) -> bool {
             _ => false,
         }
     } else {
-        parse_http_date(v).is_some_and(|d| d == meta.last_modified())
+        // A date is a strong validator only once a second has passed
+        // since the mtime (RFC 9110 §8.8.2.2); a clock behind the mtime
+        // makes it weak too.
+        let strong = meta
+            .modified
+            .checked_add(Duration::from_secs(1))
+            .is_some_and(|t| t <= now);
+        strong && parse_http_date(v).is_some_and(|d| d == meta.last_modified())
     }
 }
 
@@ -294,7 +316,7 @@ fn parse_range(value: &[u8], len: u64) -> Selection {
 mod tests {
     use super::*;
     use crate::meta::http_date;
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use std::time::UNIX_EPOCH;
 
     const ETAG: &str = "\"abc-3e8-1\"";
     /// Last-Modified second: Sun, 06 Nov 1994 08:49:37 GMT.
@@ -656,6 +678,20 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(select(&ir(LM), &meta(), true), partial(990, 999));
+        // Weak until a second has passed since the mtime (08:49:37.7).
+        let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        let ms = LM_SECS * 1000 + 700;
+        for now in [ms - 1000, ms, ms + 300, ms + 999] {
+            assert_eq!(
+                select_at(&ir(LM), &meta(), true, at(now)),
+                Selection::Full,
+                "{now}"
+            );
+        }
+        assert_eq!(
+            select_at(&ir(LM), &meta(), true, at(ms + 1000)),
+            partial(990, 999)
+        );
         // Must be exactly equal, not merely later.
         assert_eq!(select(&ir(AFTER), &meta(), true), Selection::Full);
         assert_eq!(select(&ir(BEFORE), &meta(), true), Selection::Full);

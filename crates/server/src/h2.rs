@@ -455,7 +455,8 @@ async fn serve_stream(
         Some(414)
     } else if fields > limits.max_headers {
         Some(431)
-    } else if !tlsgate_http1::is_target_text(target)
+    } else if malformed(&parts).is_some()
+        || !tlsgate_http1::is_target_text(target)
         || (target == b"*" && method != Method::Options)
         || authority.is_some_and(|a| !a.is_empty() && !tlsgate_http1::is_valid_host(a, false))
     {
@@ -472,6 +473,10 @@ async fn serve_stream(
         None => crate::proxy::route_to(cx, authority, path),
     };
     let (root, early) = match routed {
+        // A proxied request's Host is checked (and logged) by the proxy.
+        crate::proxy::Routed::Root(root) if host_conflict(h, authority_of(&parts)) => {
+            (root, Some(400))
+        }
         crate::proxy::Routed::Root(root) => (root, None),
         crate::proxy::Routed::Refused(status) => (&cx.site.root, Some(status)),
         crate::proxy::Routed::Pool(pool, max_body) => {
@@ -552,6 +557,48 @@ async fn serve_stream(
         Err(Broken::Read) => body_sent,
     };
     respond::log_request(cx, PROTOCOL, false, &logged, status, body_bytes, t0, wall);
+}
+
+/// Why a request that `h2` let through is malformed (RFC 9113 §8.2.1,
+/// §8.3.1), for a 400 before it is routed, static or proxied: a field
+/// value with leading or trailing whitespace, a `:scheme` other than
+/// `https` (every listener is TLS). `h2` itself ends the connection for
+/// field names and values no HTTP/2 request may hold (upper case, NUL,
+/// CR, LF), drops a fragment from `:path` (the `http` crate's URI) and
+/// pseudo-header fields from trailers, and keeps `:scheme` only with an
+/// `:authority`: those never reach this.
+fn malformed(parts: &http::request::Parts) -> Option<&'static str> {
+    let padded = |v: &[u8]| {
+        matches!(v.first(), Some(b' ' | b'\t')) || matches!(v.last(), Some(b' ' | b'\t'))
+    };
+    if parts.headers.values().any(|v| padded(v.as_bytes())) {
+        return Some("field value with leading or trailing whitespace");
+    }
+    if parts
+        .uri
+        .scheme_str()
+        .is_some_and(|s| !s.eq_ignore_ascii_case("https"))
+    {
+        return Some(":scheme is not https");
+    }
+    None
+}
+
+/// The request's `:authority`.
+fn authority_of(parts: &http::request::Parts) -> Option<&[u8]> {
+    parts.uri.authority().map(|a| a.as_str().as_bytes())
+}
+
+/// Whether `Host` fields contradict `:authority`, or each other: two of
+/// them, or one naming another entity (RFC 9113 §8.3.1). The proxy does
+/// the same for proxied routes, with reasons of its own in the log.
+fn host_conflict(h: &HeaderMap, authority: Option<&[u8]>) -> bool {
+    let mut hosts = h.get_all(header::HOST).iter().map(HeaderValue::as_bytes);
+    match (hosts.next(), hosts.next(), authority) {
+        (Some(_), Some(_), _) => true,
+        (Some(host), None, Some(a)) => !a.eq_ignore_ascii_case(host),
+        _ => false,
+    }
 }
 
 /// The HTTP/2 response head of one of the core's replies.

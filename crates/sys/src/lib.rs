@@ -148,13 +148,50 @@ pub fn reuseport_listener(
     Ok(socket.into())
 }
 
+/// Fails when something already holds `addr`: a bind without
+/// `SO_REUSEPORT` (with `SO_REUSEADDR`, so that connections in TIME_WAIT
+/// do not count) on a socket closed at once. Without it our
+/// `SO_REUSEPORT` listeners would join another process's (a second
+/// tlsgate of the same user) and the kernel would split connections
+/// between the two, silently.
+pub fn ensure_unused(addr: SocketAddr) -> Result<(), SocketError> {
+    let fail = |call| move |source| SocketError { call, addr, source };
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(fail("socket"))?;
+    probe
+        .set_reuse_address(true)
+        .map_err(fail("setsockopt(SO_REUSEADDR)"))?;
+    if addr.is_ipv6() {
+        probe
+            .set_only_v6(true)
+            .map_err(fail("setsockopt(IPV6_V6ONLY)"))?;
+    }
+    probe.bind(&addr.into()).map_err(|source| SocketError {
+        call: "bind",
+        addr,
+        source: if source.kind() == io::ErrorKind::AddrInUse {
+            io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{source}: another process (another tlsgate?) is listening there"),
+            )
+        } else {
+            source
+        },
+    })
+}
+
 /// Opens `count` listeners on `addr`. With port 0 the first one picks a
 /// free port and the others join it, so all workers share one port.
+/// Otherwise the address must be free first ([`ensure_unused`]): the
+/// listeners share it among themselves, never with another process.
 pub fn reuseport_group(
     addr: SocketAddr,
     options: ListenOptions,
     count: usize,
 ) -> Result<Vec<TcpListener>, SocketError> {
+    if addr.port() != 0 {
+        ensure_unused(addr)?;
+    }
     let first = reuseport_listener(addr, options)?;
     let bound = first.local_addr().map_err(|source| SocketError {
         call: "getsockname",
@@ -195,6 +232,19 @@ mod tests {
         let e = reuseport_listener(plain.local_addr().unwrap(), AT_ONCE).unwrap_err();
         assert_eq!(e.call, "bind");
         assert!(e.to_string().contains("127.0.0.1"));
+    }
+
+    #[test]
+    fn group_refuses_an_address_another_reuseport_listener_holds() {
+        let other = reuseport_listener("127.0.0.1:0".parse().unwrap(), AT_ONCE).unwrap();
+        let addr = other.local_addr().unwrap();
+        let e = reuseport_group(addr, AT_ONCE, 2).unwrap_err();
+        assert_eq!(e.call, "bind");
+        assert_eq!(e.source.kind(), io::ErrorKind::AddrInUse);
+        drop(other);
+        // Free again: the probe leaves nothing behind, the group binds.
+        let group = reuseport_group(addr, AT_ONCE, 2).unwrap();
+        assert_eq!(group.len(), 2);
     }
 
     /// Whether `accept` has a connection for us within `limit`.

@@ -8,7 +8,7 @@ use rustls::crypto::aws_lc_rs::{cipher_suite as cs, default_provider, kx_group};
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{NoServerSessionStorage, ProducesTickets};
-use rustls::{ServerConfig, SupportedCipherSuite};
+use rustls::{ServerConfig, SignatureAlgorithm, SupportedCipherSuite};
 use tlsgate_config::{
     Alpn, Certificates, CipherSuite, ClientAuth, KxGroup, Listener, TlsPolicy, TlsVersion,
 };
@@ -16,7 +16,7 @@ use tlsgate_config::{
 use crate::certs::LoadedCert;
 use crate::client_auth;
 use crate::error::CertError;
-use crate::resolver::CertStore;
+use crate::resolver::{CertStore, StoreError};
 
 /// What a listener needs to accept TLS: the rustls config and the
 /// certificate index (consulted before the handshake for SNI policy).
@@ -38,7 +38,8 @@ pub enum ContextError {
     #[error("cannot build the TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     /// Two certificates serve one name under different client certificate
-    /// policies (names the second one's config key).
+    /// policies, or with keys of the same type so that one would never be
+    /// served (names the second one's config key).
     #[error("key `{key}`: {problem}")]
     PolicyConflict {
         /// Config key, e.g. `listener[0].certificate[1].client_auth`.
@@ -112,6 +113,66 @@ fn suite(s: CipherSuite) -> SupportedCipherSuite {
     }
 }
 
+/// The key type a TLS 1.2 suite signs its key exchange with; `None` for
+/// TLS 1.3 suites, which take any certificate.
+fn tls12_signer(s: CipherSuite) -> Option<&'static str> {
+    match s {
+        CipherSuite::Tls13Aes128GcmSha256
+        | CipherSuite::Tls13Aes256GcmSha384
+        | CipherSuite::Tls13Chacha20Poly1305Sha256 => None,
+        CipherSuite::EcdheEcdsaAes128GcmSha256
+        | CipherSuite::EcdheEcdsaAes256GcmSha384
+        | CipherSuite::EcdheEcdsaChacha20Poly1305Sha256 => Some("ECDSA"),
+        CipherSuite::EcdheRsaAes128GcmSha256
+        | CipherSuite::EcdheRsaAes256GcmSha384
+        | CipherSuite::EcdheRsaChacha20Poly1305Sha256 => Some("RSA"),
+    }
+}
+
+/// With TLS 1.2 on, every certificate needs a TLS 1.2 suite its key can
+/// sign for: the certificate is chosen (by SNI and the client's signature
+/// schemes) before the suite, so a TLS 1.2 client given it would fail the
+/// handshake (`handshake_failure`), even when TLS 1.3 clients are served.
+fn check_tls12_suites(
+    policy: &TlsPolicy,
+    listener: &Listener,
+    certs: &[LoadedCert],
+) -> Result<(), ContextError> {
+    if !policy.versions.contains(&TlsVersion::Tls12) {
+        return Ok(());
+    }
+    let offered: Vec<&str> = policy
+        .cipher_suites
+        .iter()
+        .filter_map(|s| tls12_signer(*s))
+        .collect();
+    for (i, c) in certs.iter().enumerate() {
+        let needs = match c.algorithm() {
+            SignatureAlgorithm::ECDSA | SignatureAlgorithm::ED25519 => "ECDSA",
+            SignatureAlgorithm::RSA => "RSA",
+            _ => continue,
+        };
+        if offered.contains(&needs) {
+            continue;
+        }
+        let entry = match &listener.certificates {
+            Certificates::Files(files) => files
+                .get(i)
+                .map_or_else(|| format!("certificate {i}"), |f| f.key_path.clone()),
+            _ => format!("{}'s certificate", listener.key_path),
+        };
+        return Err(ContextError::PolicyConflict {
+            key: "tls.cipher_suites".into(),
+            problem: format!(
+                "TLS 1.2 is on but no TLS 1.2 suite can be used with the {:?} key of {entry} ({}): every TLS 1.2 client given it would fail the handshake; expected a TLS_ECDHE_{needs}_* suite, or versions = [\"1.3\"]",
+                c.algorithm(),
+                c.names.join(", "),
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn group(g: KxGroup) -> &'static dyn rustls::crypto::SupportedKxGroup {
     match g {
         KxGroup::X25519Mlkem768 => kx_group::X25519MLKEM768,
@@ -145,6 +206,7 @@ impl TlsContext {
         certs: &[LoadedCert],
         material: &crate::Material,
     ) -> Result<Self, ContextError> {
+        check_tls12_suites(policy, listener, certs)?;
         let provider = Arc::new(CryptoProvider {
             cipher_suites: policy.cipher_suites.iter().map(|s| suite(*s)).collect(),
             kx_groups: policy.kx_groups.iter().map(|g| group(*g)).collect(),
@@ -170,12 +232,27 @@ impl TlsContext {
         if distinct.is_empty() {
             distinct.push(&listener.client_auth);
         }
-        let store = CertStore::new(certs, &index, policy.unknown_sni).map_err(|c| {
+        let store = CertStore::new(certs, &index, policy.unknown_sni).map_err(|e| {
             let path = |i: usize| match &listener.certificates {
                 Certificates::Files(files) => files
                     .get(i)
                     .map_or_else(|| format!("certificate {i}"), |f| f.key_path.clone()),
                 _ => format!("certificate {i}"),
+            };
+            let c = match e {
+                StoreError::Policy(c) => c,
+                StoreError::Shadowed(s) => {
+                    return ContextError::PolicyConflict {
+                        key: format!("{}.cert", path(s.shadowed)),
+                        problem: format!(
+                            "serves {:?} with a {} key, as {} does (names from a certificate's subjectAltName count): the handshake always picks {}, this one would never be served; expected one certificate per name and key type (after a renewal, remove the old one)",
+                            s.name,
+                            s.algorithm,
+                            path(s.kept),
+                            path(s.kept),
+                        ),
+                    }
+                }
             };
             ContextError::PolicyConflict {
                 key: format!("{}.client_auth", path(c.second)),

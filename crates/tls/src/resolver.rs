@@ -21,6 +21,64 @@ pub struct NameSlot {
     client_auth: usize,
     /// The certificate (its index) that set `client_auth`.
     first: usize,
+    /// Each certificate's index and the signature schemes its key can
+    /// sign with, in the order `choose` tries them.
+    signs: Vec<(usize, Vec<SignatureScheme>)>,
+}
+
+/// Every signature scheme a server key may be asked for.
+const ALL_SCHEMES: &[SignatureScheme] = &[
+    SignatureScheme::ECDSA_NISTP256_SHA256,
+    SignatureScheme::ECDSA_NISTP384_SHA384,
+    SignatureScheme::ECDSA_NISTP521_SHA512,
+    SignatureScheme::ED25519,
+    SignatureScheme::ED448,
+    SignatureScheme::RSA_PSS_SHA256,
+    SignatureScheme::RSA_PSS_SHA384,
+    SignatureScheme::RSA_PSS_SHA512,
+    SignatureScheme::RSA_PKCS1_SHA256,
+    SignatureScheme::RSA_PKCS1_SHA384,
+    SignatureScheme::RSA_PKCS1_SHA512,
+    SignatureScheme::ECDSA_SHA1_Legacy,
+    SignatureScheme::RSA_PKCS1_SHA1,
+];
+
+/// The schemes of `ALL_SCHEMES` `ck`'s key can sign with.
+fn schemes_of(ck: &CertifiedKey) -> Vec<SignatureScheme> {
+    ALL_SCHEMES
+        .iter()
+        .copied()
+        .filter(|s| ck.key.choose_scheme(&[*s]).is_some())
+        .collect()
+}
+
+/// Why a listener's certificates cannot be indexed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// One name under two client certificate policies.
+    #[error(transparent)]
+    Policy(#[from] PolicyConflict),
+    /// A certificate that would never be served.
+    #[error(transparent)]
+    Shadowed(#[from] Shadowed),
+}
+
+/// Two certificates of a listener that serve one name with keys of the
+/// same type (the second can sign with no scheme the first cannot, e.g.
+/// two ECDSA P-256 keys): the handshake always picks the first, the
+/// other is never served. Typically a renewed certificate added next to
+/// the old one, which would then be served until it expires.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("certificate {shadowed} serves {name:?} with a {algorithm} key, as certificate {kept} does: it would never be served")]
+pub struct Shadowed {
+    /// The name as served (lower case; `*.` for wildcards).
+    pub name: String,
+    /// Index of the certificate that is always chosen.
+    pub kept: usize,
+    /// Index of the certificate that never is.
+    pub shadowed: usize,
+    /// The shadowed key's algorithm (`ECDSA`, `RSA`, …).
+    pub algorithm: String,
 }
 
 /// Two certificates of a listener that answer for one name under
@@ -50,7 +108,7 @@ impl NameSlot {
         name: &str,
         (i, ck): (usize, &Arc<CertifiedKey>),
         client_auth: usize,
-    ) -> Result<(), PolicyConflict> {
+    ) -> Result<(), StoreError> {
         if self.ecdsa.is_none() && self.others.is_empty() {
             self.client_auth = client_auth;
             self.first = i;
@@ -59,12 +117,57 @@ impl NameSlot {
                 name: name.to_string(),
                 first: self.first,
                 second: i,
-            });
+            }
+            .into());
         }
-        if ck.key.algorithm() == SignatureAlgorithm::ECDSA && self.ecdsa.is_none() {
+        let schemes = schemes_of(ck);
+        let at = if ck.key.algorithm() == SignatureAlgorithm::ECDSA && self.ecdsa.is_none() {
             self.ecdsa = Some(ck.clone());
+            0
         } else {
             self.others.push(ck.clone());
+            self.signs.len()
+        };
+        self.signs.insert(at, (i, schemes));
+        self.check_shadowing(name, at)
+    }
+
+    /// Whether the certificate at `at` (in `choose`'s order) is never
+    /// chosen, or makes a later one never chosen: a certificate whose key
+    /// signs with no scheme an earlier one cannot.
+    fn check_shadowing(&self, name: &str, at: usize) -> Result<(), StoreError> {
+        let covers = |a: &[SignatureScheme], b: &[SignatureScheme]| b.iter().all(|s| a.contains(s));
+        let algorithm = |k: usize| {
+            let ck = if k == 0 && self.ecdsa.is_some() {
+                self.ecdsa.as_ref()
+            } else {
+                self.others.get(k - usize::from(self.ecdsa.is_some()))
+            };
+            ck.map_or_else(String::new, |c| format!("{:?}", c.key.algorithm()))
+        };
+        let Some((new, schemes)) = self.signs.get(at) else {
+            return Ok(());
+        };
+        let mut earlier = self.signs.iter().take(at);
+        if let Some((kept, _)) = earlier.find(|(_, e)| covers(e, schemes)) {
+            return Err(Shadowed {
+                name: name.to_string(),
+                kept: *kept,
+                shadowed: *new,
+                algorithm: algorithm(at),
+            }
+            .into());
+        }
+        for (k, (later, l)) in self.signs.iter().enumerate().skip(at + 1) {
+            if covers(schemes, l) {
+                return Err(Shadowed {
+                    name: name.to_string(),
+                    kept: *new,
+                    shadowed: *later,
+                    algorithm: algorithm(k),
+                }
+                .into());
+            }
         }
         Ok(())
     }
@@ -101,7 +204,7 @@ impl CertStore {
         certs: &[LoadedCert],
         client_auth: &[usize],
         unknown_sni: UnknownSni,
-    ) -> Result<Self, PolicyConflict> {
+    ) -> Result<Self, StoreError> {
         let mut exact: HashMap<String, NameSlot> = HashMap::new();
         let mut wildcard: HashMap<String, NameSlot> = HashMap::new();
         let mut default: Option<NameSlot> = None;
@@ -121,6 +224,9 @@ impl CertStore {
                     )?,
                 }
             }
+        }
+        // After the names: a conflict is reported under its name.
+        for (i, c) in certs.iter().enumerate() {
             if c.default && unknown_sni == UnknownSni::UseDefault {
                 // The default may have an RSA twin under the same names.
                 let mut slot = NameSlot::default();
@@ -206,6 +312,36 @@ mod tests {
         assert!(strict.lookup(Some("other.test")).is_none());
         assert!(strict.lookup(None).is_none());
         assert!(strict.lookup(Some("b.example")).is_some());
+    }
+
+    #[test]
+    fn a_certificate_that_would_never_be_served_is_refused() {
+        let old = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], true);
+        let new = cert(&rcgen::PKCS_ECDSA_P256_SHA256, &["a.example"], false);
+        let e = CertStore::new(&[old.clone(), new], &[], UnknownSni::UseDefault).unwrap_err();
+        assert_eq!(
+            e,
+            StoreError::Shadowed(Shadowed {
+                name: "a.example".into(),
+                kept: 0,
+                shadowed: 1,
+                algorithm: "ECDSA".into(),
+            })
+        );
+        let r1 = cert(&rcgen::PKCS_RSA_SHA256, &["*.example"], false);
+        let r2 = cert(&rcgen::PKCS_RSA_SHA256, &["*.example", "b.test"], false);
+        assert!(matches!(
+            CertStore::new(&[r1.clone(), r2], &[], UnknownSni::UseDefault),
+            Err(StoreError::Shadowed(Shadowed {
+                kept: 0,
+                shadowed: 1,
+                ..
+            }))
+        ));
+        // Keys of other types or curves each serve some client.
+        let p384 = cert(&rcgen::PKCS_ECDSA_P384_SHA384, &["a.example"], false);
+        let r = cert(&rcgen::PKCS_RSA_SHA256, &["a.example"], false);
+        CertStore::new(&[old, p384, r, r1], &[], UnknownSni::UseDefault).unwrap();
     }
 
     #[test]

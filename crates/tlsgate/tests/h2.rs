@@ -1168,3 +1168,94 @@ fn a_new_connection_answers_its_first_request_in_one_write_after_the_flight() {
         "strace saw too few writes: {calls:#?}"
     );
 }
+
+/// The status of one request sent by the h2 client as built.
+async fn status_of(client: &h2::client::SendRequest<Bytes>, req: http::Request<()>) -> u16 {
+    let mut client = client.clone().ready().await.unwrap();
+    let (resp, _) = client.send_request(req, true).unwrap();
+    let resp = resp.await.unwrap();
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    while let Some(chunk) = body.data().await {
+        let n = chunk.unwrap().len();
+        body.flow_control().release_capacity(n).unwrap();
+    }
+    status
+}
+
+/// Requests RFC 9113 calls malformed that `h2` lets through get 400 on
+/// static and proxied routes alike, and never reach the upstream: a field
+/// value with leading or trailing whitespace (§8.2.1), a `:scheme` other
+/// than https on a TLS listener, a `host` naming another entity than
+/// `:authority` or two of them (§8.3.1). The connection goes on.
+#[test]
+fn malformed_h2_requests_get_400_static_and_proxied() {
+    use common::upstream::{pool, route, Upstream};
+    let f = Fixture::new();
+    let up = Upstream::start("up", None);
+    let top = format!(
+        "[limits]\nhandshake_rate_per_source = 0\n{}",
+        pool("up", &[(up.address(), 1)], "", "")
+    );
+    let s = Server::start(&f, &f.config(&top, &route("/echo", "up", "")));
+    rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (client, conn) = h2::client::handshake(tls).await.unwrap();
+        tokio::spawn(conn);
+        for path in ["/hello.txt", "/echo"] {
+            let get = |uri: &str| http::Request::get(uri.replace("PATH", path));
+            let ok = get("https://localhost:443PATH").body(()).unwrap();
+            assert_eq!(status_of(&client, ok).await, 200, "{path}");
+            let same_host = get("https://localhost:443PATH")
+                .header("host", "LOCALHOST:443")
+                .body(())
+                .unwrap();
+            assert_eq!(status_of(&client, same_host).await, 200, "{path}");
+            let cases: Vec<(&str, http::Request<()>)> = vec![
+                (
+                    "trailing space",
+                    get("https://localhost:443PATH")
+                        .header("x-padded", "value ")
+                        .body(())
+                        .unwrap(),
+                ),
+                (
+                    "leading tab",
+                    get("https://localhost:443PATH")
+                        .header("accept", "\ttext/plain")
+                        .body(())
+                        .unwrap(),
+                ),
+                (
+                    "scheme http",
+                    get("http://localhost:443PATH").body(()).unwrap(),
+                ),
+                (
+                    "scheme foo",
+                    get("foo://localhost:443PATH").body(()).unwrap(),
+                ),
+                (
+                    "other host",
+                    get("https://localhost:443PATH")
+                        .header("host", "other.example")
+                        .body(())
+                        .unwrap(),
+                ),
+                (
+                    "two hosts",
+                    get("https://localhost:443PATH")
+                        .header("host", "localhost:443")
+                        .header("host", "localhost:443")
+                        .body(())
+                        .unwrap(),
+                ),
+            ];
+            for (what, req) in cases {
+                assert_eq!(status_of(&client, req).await, 400, "{what} on {path}");
+            }
+        }
+        assert_eq!(fetch(&client, "/hello.txt").await.1, HELLO.as_bytes());
+    });
+    // The proxied route's good requests went up; none of the others.
+    assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

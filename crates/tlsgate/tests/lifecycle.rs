@@ -654,3 +654,131 @@ fn a_refused_reload_leaves_the_session_ticket_keys_alone() {
     );
     assert!(s.running());
 }
+
+/// A second instance on an address the first one listens on stops at
+/// start naming the key and the address, exit 2, instead of joining the
+/// first one's `SO_REUSEPORT` group and taking half its connections; so
+/// does anything else listening there. The first keeps every connection.
+#[test]
+fn a_second_instance_on_a_busy_address_stops_at_start() {
+    let fx = Fixture::new();
+    let first = Server::start(&fx, &fx.config("", ""));
+    let addr = first.addr;
+    let other = Fixture::new();
+    std::fs::write(other.root.join("hello.txt"), "the second instance\n").unwrap();
+    let text = other.config("", "").replace(
+        "listen = [\"127.0.0.1:0\"]",
+        &format!("listen = [\"{addr}\"]"),
+    );
+    let cfg = other.write_config(&text);
+    for extra in [&[][..], &["--admin", ""][..]] {
+        let mut args = vec!["serve", "--config", cfg.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(bin())
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                panic!("the second instance started on {addr} ({extra:?})");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("listener[0].listen")
+                && err.contains(&addr.to_string())
+                && err.contains("already in use"),
+            "{err}"
+        );
+        assert!(!err.contains("listening on"), "nothing started: {err}");
+    }
+    // Every request still reaches the first one.
+    for _ in 0..8 {
+        let answer = raw_exchange(
+            addr,
+            b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        );
+        assert!(answer.contains(HELLO), "{answer}");
+    }
+    // A plain listener of another program is refused the same way.
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = plain.local_addr().unwrap();
+    let text = other.config("", "").replace(
+        "listen = [\"127.0.0.1:0\"]",
+        &format!("listen = [\"{busy}\"]"),
+    );
+    let cfg = other.write_config(&text);
+    let (code, _, err) = run(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("listener[0].listen") && err.contains(&busy.to_string()),
+        "{err}"
+    );
+}
+
+/// Listeners whose addresses overlap (a wildcard and a specific address
+/// of the same family and port) are refused by check-config, naming both
+/// keys; `[::]` and `0.0.0.0` on one port do not overlap (IPv6 listeners
+/// are IPv6-only).
+#[test]
+fn check_config_refuses_overlapping_listeners_naming_both() {
+    let fx = Fixture::new();
+    let base = fx.config("", "");
+    let second = |addr: &str| {
+        let l = base.split("[[listener]]").nth(1).unwrap().replace(
+            "listen = [\"127.0.0.1:0\"]",
+            &format!("listen = [\"{addr}\"]"),
+        );
+        format!("{base}\n[[listener]]{l}")
+    };
+    for (a, b) in [
+        ("0.0.0.0:18543", "127.0.0.1:18543"),
+        ("127.0.0.1:18543", "0.0.0.0:18543"),
+        ("[::]:18543", "[::1]:18543"),
+        ("127.0.0.1:18543", "127.0.0.1:18543"),
+    ] {
+        let text = second(b).replacen(
+            "listen = [\"127.0.0.1:0\"]",
+            &format!("listen = [\"{a}\"]"),
+            1,
+        );
+        let p = fx.write_config(&text);
+        let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+        assert_eq!(code, 2, "{a} {b}: {err}");
+        assert!(
+            err.contains("listener[0].listen") && err.contains("listener[1].listen"),
+            "{a} {b}: {err}"
+        );
+        assert!(err.contains(a) && err.contains(b), "{a} {b}: {err}");
+    }
+    for (a, b) in [
+        ("0.0.0.0:18543", "[::]:18543"),
+        ("127.0.0.1:18543", "127.0.0.2:18543"),
+        ("127.0.0.1:0", "0.0.0.0:0"),
+    ] {
+        let text = second(b).replacen(
+            "listen = [\"127.0.0.1:0\"]",
+            &format!("listen = [\"{a}\"]"),
+            1,
+        );
+        let p = fx.write_config(&text);
+        let (code, _, err) = run(&["check-config", p.to_str().unwrap()]);
+        assert_eq!(code, 0, "{a} {b}: {err}");
+    }
+}

@@ -637,3 +637,47 @@ fn a_name_served_under_two_client_auth_policies_is_refused() {
         }
     }
 }
+
+/// Two entries without `names` (their names come from their
+/// certificates) under different client certificate policies are fine
+/// when the certificates name different hosts: check-config passes and
+/// each name is served under its own policy. The names compared are the
+/// ones the certificates carry, not the absence of `names`.
+#[test]
+fn entries_named_by_their_certificates_may_differ_in_client_auth() {
+    let fx = Fixture::new();
+    let p = pki(fx.path());
+    let secure = common::make_cert(
+        fx.path(),
+        "secure",
+        &["secure.test"],
+        &rcgen::PKCS_ECDSA_P256_SHA256,
+    );
+    let text = fx.config(
+        "",
+        &format!(
+            "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\nclient_auth = \"required\"\nclient_ca = {:?}\n",
+            secure.cert, secure.key, p.ca
+        ),
+    );
+    let path = fx.write_config(&text);
+    let out = Command::new(bin())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = Server::start(&fx, &text);
+    // localhost: no client certificate needed.
+    let out = curl_as(&s, "localhost", None, &[]);
+    assert_eq!(out.stdout, HELLO.as_bytes(), "{out:?}");
+    // secure.test: refused without one, served with a good one.
+    let out = curl_as(&s, "secure.test", None, &[]);
+    assert!(!out.status.success(), "{out:?}");
+    let out = curl_as(&s, "secure.test", Some(&p.good), &[]);
+    assert_eq!(out.stdout, HELLO.as_bytes(), "{out:?}");
+}

@@ -1386,3 +1386,201 @@ fn a_slow_reader_gets_a_big_file_byte_exact() {
     assert!(got[h2..b2].starts_with(b"HTTP/1.1 200 OK\r\n"));
     assert!(got[b2..] == fx.big[..], "the second body differs");
 }
+
+/// `If-Range` with a date matches only a strong `Last-Modified` (RFC 9110
+/// §13.1.5, §8.8.2.2): a file written again within the second of its
+/// `Last-Modified` keeps the same date, so a range asked for with that
+/// date gets the whole new file, never a 206 that would splice new bytes
+/// onto the old ones the client has.
+#[test]
+fn if_range_with_a_date_from_the_same_second_as_a_rewrite_gives_the_whole_file() {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let file = fx.root.join("race.txt");
+    let url = s.url("/race.txt");
+    let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    for attempt in 0.. {
+        // Begin early in a second so that all of it fits in that second.
+        while now().subsec_millis() > 100 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let second = now().as_secs();
+        std::fs::write(&file, "A".repeat(20)).unwrap();
+        let first = String::from_utf8(body(&s.curl(&["-i", &url]))).unwrap();
+        assert!(first.contains(&"A".repeat(20)), "{first}");
+        let lm = first
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("last-modified: ")
+                    .or(l.strip_prefix("Last-Modified: "))
+            })
+            .unwrap()
+            .trim()
+            .to_string();
+        {
+            let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.write_all("B".repeat(20).as_bytes()).unwrap();
+        }
+        let ranged = String::from_utf8(body(&s.curl(&[
+            "-i",
+            "-H",
+            &format!("If-Range: {lm}"),
+            "-H",
+            "Range: bytes=10-",
+            &url,
+        ])))
+        .unwrap();
+        if now().as_secs() != second {
+            assert!(attempt < 10, "never fitted in one second");
+            continue;
+        }
+        // The whole file, as the worker that answered has it (its
+        // open-file cache may still hold the first version for a moment).
+        assert!(ranged.starts_with("HTTP/1.1 200"), "{ranged}");
+        assert!(
+            ranged.ends_with(&"B".repeat(20)) || ranged.ends_with(&"A".repeat(20)),
+            "{ranged}"
+        );
+        break;
+    }
+    // Once a second has passed the date is strong: the range is served
+    // (after the open-file caches of every worker have looked again).
+    std::thread::sleep(Duration::from_millis(2100));
+    let head = String::from_utf8(body(&s.curl(&["-I", &url]))).unwrap();
+    let lm = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("last-modified: ")
+                .or(l.strip_prefix("Last-Modified: "))
+        })
+        .unwrap()
+        .trim()
+        .to_string();
+    let ranged = String::from_utf8(body(&s.curl(&[
+        "-i",
+        "-H",
+        &format!("If-Range: {lm}"),
+        "-H",
+        "Range: bytes=10-",
+        &url,
+    ])))
+    .unwrap();
+    assert!(
+        ranged.starts_with("HTTP/1.1 206"),
+        "{head}\n{ranged}\nat {:?}",
+        now()
+    );
+    assert!(ranged.ends_with(&"B".repeat(10)), "{ranged}");
+}
+
+/// Two certificates of the same key type for one name (a renewed one
+/// added next to the old one, names from the certificates) are refused by
+/// check-config and serve naming both entries: the handshake would always
+/// pick the first. Another curve or key type for the name is fine.
+#[test]
+fn a_second_certificate_of_the_same_key_type_for_a_name_is_refused() {
+    let fx = Fixture::new();
+    let d = fx.path();
+    let old = make_cert(d, "old", &["a.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let renewed = make_cert(d, "new", &["a.test"], &rcgen::PKCS_ECDSA_P256_SHA256);
+    let p384 = make_cert(d, "p384", &["a.test"], &rcgen::PKCS_ECDSA_P384_SHA384);
+    let entry = |c: &CertFiles| {
+        format!(
+            "[[listener.certificate]]\ncert = {:?}\nkey = {:?}\n",
+            c.cert, c.key
+        )
+    };
+    let twice = fx.write_config(&fx.config("", &(entry(&old) + &entry(&renewed))));
+    for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
+        let out = Command::new(bin()).args(cmd).arg(&twice).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(
+            err.contains("listener[0].certificate[2].cert")
+                && err.contains("listener[0].certificate[1]")
+                && err.contains("\"a.test\"")
+                && err.contains("ECDSA"),
+            "{cmd:?}: {err}"
+        );
+        assert!(!err.contains("listening on"), "{err}");
+    }
+    let curves = fx.write_config(&fx.config("", &(entry(&old) + &entry(&p384))));
+    let out = Command::new(bin())
+        .arg("check-config")
+        .arg(&curves)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Symlinks inside the root, as docs/config.md lists them: relative ones
+/// that never pass above the root are served; absolute ones and ones that
+/// climb above the root on their way back in get 403 (`RESOLVE_BENEATH`),
+/// like ones that lead out.
+#[test]
+fn symlinks_inside_the_root_are_served_only_when_relative_and_beneath() {
+    let fx = Fixture::new();
+    let root = &fx.root;
+    let top = root.file_name().unwrap().to_str().unwrap();
+    let link =
+        |name: &str, to: &std::path::Path| std::os::unix::fs::symlink(to, root.join(name)).unwrap();
+    link("rel.txt", "hello.txt".as_ref());
+    link("sub/up.txt", "../hello.txt".as_ref());
+    link("abs.txt", &root.join("hello.txt"));
+    link("climb.txt", format!("../{top}/hello.txt").as_ref());
+    let s = Server::start(&fx, &fx.config("", ""));
+    let status = |path: &str| {
+        let out = s.curl(&["-o", "/dev/null", "-w", "%{http_code}", &s.url(path)]);
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(status("/rel.txt"), "200");
+    assert_eq!(status("/sub/up.txt"), "200");
+    assert_eq!(status("/inside-link.txt"), "200");
+    assert_eq!(status("/abs.txt"), "403");
+    assert_eq!(status("/climb.txt"), "403");
+    assert_eq!(status("/escape.txt"), "403");
+}
+
+/// TLS 1.2 suites that no certificate can use (an ECDSA certificate, only
+/// `TLS_ECDHE_RSA_*` suites for 1.2) are refused by check-config and
+/// serve naming `tls.cipher_suites` and the certificate: every TLS 1.2
+/// client would fail its handshake. TLS 1.3 only, or a usable suite, pass.
+#[test]
+fn tls12_suites_no_certificate_can_use_are_refused() {
+    let fx = Fixture::new();
+    let suites = "cipher_suites = [\"TLS13_AES_128_GCM_SHA256\", \"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256\"]\n";
+    let bad = fx.write_config(&fx.config(&format!("[tls]\n{suites}"), ""));
+    for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
+        let out = Command::new(bin()).args(cmd).arg(&bad).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(
+            err.contains("tls.cipher_suites")
+                && err.contains("listener[0].certificate[0]")
+                && err.contains("ECDSA")
+                && err.contains("TLS 1.2"),
+            "{cmd:?}: {err}"
+        );
+    }
+    for top in [
+        format!("[tls]\nversions = [\"1.3\"]\n{suites}"),
+        "[tls]\ncipher_suites = [\"TLS13_AES_128_GCM_SHA256\", \"TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256\"]\n".to_string(),
+    ] {
+        let good = fx.write_config(&fx.config(&top, ""));
+        let out = Command::new(bin())
+            .arg("check-config")
+            .arg(&good)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{top}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
