@@ -327,6 +327,11 @@ pub struct Http2Section {
     pub max_header_frames: u32,
     /// Response bytes buffered per stream before waiting for the client.
     pub max_send_buffer_size: u32,
+    /// Response bytes read for a connection's streams and not yet taken
+    /// by its TLS connection, all streams together.
+    pub max_connection_send_buffer: u32,
+    /// The same over all HTTP/2 connections of a worker thread.
+    pub max_worker_send_buffer: u64,
     /// Streams reset by the client before they were served, held at once.
     pub max_pending_accept_reset_streams: usize,
     /// Streams the server had to reset for the client's protocol errors.
@@ -355,6 +360,8 @@ impl Default for Http2Section {
             max_header_list_size: 32 * 1024,
             max_header_frames: 4,
             max_send_buffer_size: 64 * 1024,
+            max_connection_send_buffer: 256 * 1024,
+            max_worker_send_buffer: 64 << 20,
             max_pending_accept_reset_streams: 20,
             max_local_error_reset_streams: 128,
             resets_per_second: 100,

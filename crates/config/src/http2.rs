@@ -53,6 +53,8 @@ pub struct Http2 {
     pub max_header_list_size: u32,
     pub max_header_frames: u32,
     pub max_send_buffer_size: u32,
+    pub max_connection_send_buffer: u32,
+    pub max_worker_send_buffer: u64,
     pub max_pending_accept_reset_streams: usize,
     pub max_local_error_reset_streams: usize,
     /// Streams the client may reset (RST_STREAM), per connection.
@@ -108,6 +110,19 @@ pub(crate) fn validate(c: &Checker<'_>, s: &Http2Section) -> Result<Http2, Confi
             16_384,
             16 << 20,
         )?,
+        // At least a record's worth: one read must fit.
+        max_connection_send_buffer: c.within(
+            "http2.max_connection_send_buffer",
+            s.max_connection_send_buffer,
+            16_384,
+            1 << 30,
+        )?,
+        max_worker_send_buffer: c.within(
+            "http2.max_worker_send_buffer",
+            s.max_worker_send_buffer,
+            16_384,
+            1 << 40,
+        )?,
         max_pending_accept_reset_streams: c.within(
             "http2.max_pending_accept_reset_streams",
             s.max_pending_accept_reset_streams,
@@ -144,6 +159,16 @@ pub(crate) fn validate(c: &Checker<'_>, s: &Http2Section) -> Result<Http2, Confi
                 "expected at least {needed}: a header list of max_header_list_size = {} bytes \
                  takes that many frames of max_frame_size = {} bytes",
                 h.max_header_list_size, h.max_frame_size
+            ),
+        ));
+    }
+    if h.max_worker_send_buffer < u64::from(h.max_connection_send_buffer) {
+        return Err(c.err(
+            "http2.max_worker_send_buffer",
+            format!(
+                "expected at least max_connection_send_buffer = {}: a worker must hold what \
+                 one connection may",
+                h.max_connection_send_buffer
             ),
         ));
     }

@@ -1113,6 +1113,8 @@ names = ["example.com", "*.example.com"]
             ("[http2]\nreset_burst = 0\n", "http2.reset_burst", "from 1 to"),
             ("[http2]\nidle_timeout = \"0s\"\n", "http2.idle_timeout", "greater than zero"),
             ("[http2]\nmax_streams = 5\n", "http2.max_streams", "unknown field"),
+            ("[http2]\nmax_connection_send_buffer = 16383\n", "http2.max_connection_send_buffer", "from 16384"),
+            ("[http2]\nmax_connection_send_buffer = 1048576\nmax_worker_send_buffer = 524288\n", "http2.max_worker_send_buffer", "at least max_connection_send_buffer"),
             (
                 "[http2]\nmax_header_list_size = 262144\nmax_header_frames = 15\n",
                 "http2.max_header_frames",

@@ -16,6 +16,7 @@
 //! Shutdown: GOAWAY, then the streams in flight are finished up to the
 //! worker's deadline.
 
+mod budget;
 pub mod frames;
 mod guard;
 mod proxy;
@@ -36,6 +37,7 @@ use tlsgate_metrics::ReasonLabel;
 use tlsgate_tls::TlsConnection;
 
 use crate::respond::{self, decide, HttpCtx, Logged, Reply, Request};
+use budget::SendBudget;
 use guard::{Alarm, GuardedIo, SharedConn};
 
 /// The protocol label of this module's requests in the metrics.
@@ -121,6 +123,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     // wrote (its last branch): a read that waits need not send first.
     guard::send_at_turn_end(&conn);
     let mut shutdown = cx.shutdown.clone();
+    let budget = SendBudget::new(h2c);
     let mut streams = FuturesUnordered::new();
     let mut served: u64 = 0;
     // Set once GOAWAY went out: no new streams, the open ones finish.
@@ -194,7 +197,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                         Some(Ok((req, respond))) => {
                             served += 1;
                             m.h2_streams.inc();
-                            streams.push(serve_stream(cx, req, respond));
+                            streams.push(serve_stream(cx, req, respond, &budget));
                             // After a reload the connection's streams still
                             // meet the old generation (its pools, its files):
                             // GOAWAY brings the client back to the new one.
@@ -228,9 +231,16 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                 hard_deadline = Some(tokio::time::Instant::now() + limits.send_timeout);
             }
             _ = stall_check.tick(), if !streams.is_empty() || alarm.blocked_since().is_some() => {
-                if alarm.blocked_since().is_some_and(|t| t.elapsed() >= limits.send_timeout) {
+                let blocked = alarm.blocked_since().map(|t| t.elapsed());
+                if blocked.is_some_and(|b| b >= limits.send_timeout) {
                     m.timeouts.get_or_create(&ReasonLabel { reason: "send" }).inc();
                     // Nothing more can be sent: no GOAWAY, no linger.
+                    return End::Done;
+                }
+                if blocked.is_some_and(|b| budget.should_yield(b)) {
+                    // What this client does not read, other streams of the
+                    // worker wait for (see `budget`).
+                    m.timeouts.get_or_create(&ReasonLabel { reason: "h2_send_budget" }).inc();
                     return End::Done;
                 }
             }
@@ -410,6 +420,7 @@ async fn serve_stream(
     cx: &HttpCtx<'_>,
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    budget: &SendBudget,
 ) {
     let m = &cx.shared.metrics;
     m.h2_streams_open.inc();
@@ -481,7 +492,18 @@ async fn serve_stream(
         crate::proxy::Routed::Refused(status) => (&cx.site.root, Some(status)),
         crate::proxy::Routed::Pool(pool, max_body) => {
             // The proxy reads the body itself, as it goes upstream.
-            let answered = proxy::serve(cx, &parts, &method, body, respond, (pool, max_body)).await;
+            // Boxed: its state is large, and would otherwise make every
+            // stream's future (a connection holds up to
+            // `max_concurrent_streams` of them) as large, file or not.
+            let answered = Box::pin(proxy::serve(
+                cx,
+                &parts,
+                &method,
+                body,
+                respond,
+                (pool, max_body),
+            ))
+            .await;
             let logged = Logged {
                 upstream: answered.note.server.as_deref(),
                 upstream_error: answered.note.reason,
@@ -527,7 +549,7 @@ async fn serve_stream(
         Ok(mut send) if body_len > 0 => match &reply {
             Reply::File {
                 file, start, len, ..
-            } => send_file(&mut send, file, *start, *len, cx, &mut body_sent).await,
+            } => send_file(&mut send, file, *start, *len, cx, budget, &mut body_sent).await,
             _ => {
                 let mut text = Vec::with_capacity(32);
                 reply.write_text_body(&mut text);
@@ -691,7 +713,8 @@ fn body_piece(file: &StaticFile, pool: &mut BytesMut, n: usize, at: u64) -> std:
 }
 
 /// Sends `len` bytes of `file` from `start` in DATA frames, each chunk
-/// read once the client's windows have room for it (reserved capacity).
+/// read once the client's windows have room for it (reserved capacity)
+/// and the send budgets have its bytes (see [`budget`]).
 /// The send timeout bounds each wait for room, and also each record's
 /// worth of progress (or the rest of the body): a client that opens its
 /// windows a few bytes at a time, each just before the timeout, would
@@ -704,14 +727,15 @@ async fn send_file(
     start: u64,
     len: u64,
     cx: &HttpCtx<'_>,
+    budget: &SendBudget,
     sent: &mut u64,
 ) -> Result<u64, Broken> {
     let mut progress = SendProgress::new(cx.gen.config.limits.send_timeout);
-    // Reads of whole records' worth of frames.
-    let buffer = cx.gen.config.http2.max_send_buffer_size as usize;
+    // Reads of whole records' worth of frames, within what the budgets
+    // allow one read.
+    let buffer = (cx.gen.config.http2.max_send_buffer_size as usize).min(budget.max_read());
     let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
     let mut done: u64 = 0;
-    let mut pool = BytesMut::with_capacity(2 * chunk);
     while done < len {
         let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
         let granted = progress.room(send, want).await?;
@@ -720,10 +744,14 @@ async fn send_file(
             // A window's odd end waits for the next grant, not a small frame.
             n -= n % FRAME_IN_RECORD;
         }
-        // Reads go into one buffer per stream: its space comes back once
-        // h2 has written (and dropped) the frames cut from it, instead of
-        // a fresh allocation (fresh pages, page faults) per chunk; and
-        // into its spare capacity, not zero-filled first.
+        // The read's bytes are budgeted until h2 has written the last
+        // frame cut from them; the stream waits here, holding no buffer,
+        // while its connection's or worker's budget is spent. Each read
+        // gets a buffer of its own size (a 1 KiB body takes 1 KiB), read
+        // into its spare capacity, not zero-filled first, and freed with
+        // its budget.
+        let held = budget.take(n).await.ok_or(Broken::Gone)?;
+        let mut pool = BytesMut::with_capacity(n);
         let got = match body_piece(file, &mut pool, n, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
@@ -738,7 +766,7 @@ async fn send_file(
         cx.shared.metrics.count_body("userspace", got as u64);
         // One DATA frame per TLS record: a frame of 16384 bytes with its
         // 9-byte header would take a full record and a 9-byte one.
-        let mut data = pool.split().freeze();
+        let mut data = budget::budgeted(pool.freeze(), held);
         while data.len() > FRAME_IN_RECORD {
             let frame = data.split_to(FRAME_IN_RECORD);
             send.send_data(frame, false).map_err(|_| Broken::Gone)?;

@@ -1259,3 +1259,117 @@ fn malformed_h2_requests_get_400_static_and_proxied() {
     // The proxied route's good requests went up; none of the others.
     assert_eq!(up.requests.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// Opens `conns` connections that each ask for /big.bin (1 MiB) on 128
+/// streams with the largest windows, then read nothing; returned to be
+/// held open.
+async fn unread_connections(s: &Server, conns: usize) -> Vec<ClientTls<tokio::net::TcpStream>> {
+    let mut held = Vec::new();
+    for _ in 0..conns {
+        let mut tls = connect_h2(s.addr).await;
+        tls.write_all(&unread_requests(128, "/big.bin"))
+            .await
+            .unwrap();
+        tls.flush().await.unwrap();
+        held.push(tls);
+    }
+    held
+}
+
+/// What 128 open streams of a connection may cost besides their send
+/// budget (h2's and the server's state per stream, the TLS buffers).
+const STREAMS_STATE_KIB: u64 = 768;
+
+/// Review 2, defect 1: a client that opens its windows wide, asks for a
+/// large file on 128 streams and reads nothing had every stream read its
+/// share (~14 MB a connection, ~7 GB at 512 connections of one source).
+/// Now what a connection holds is its send budget (`http2.
+/// max_connection_send_buffer`, 256 KiB by default) plus its streams'
+/// state, and a normal client is served meanwhile, at once.
+#[test]
+fn clients_that_open_many_streams_and_read_nothing_hold_only_their_send_budget() {
+    const CONNS: usize = 32;
+    const BUDGET_KIB: u64 = 256; // the default
+    let f = Fixture::new();
+    let s = Server::start(
+        &f,
+        &config(
+            &f,
+            "[access_log]\ntarget = \"off\"\n[server]\nworkers = 1",
+            "",
+        ),
+    );
+    // The allocator's first arenas and the open-file cache, before counting.
+    assert!(curl2(&s, &[&s.url("/big.bin")]).2 == f.big);
+    let (rss0, _) = usage(&s);
+    rt().block_on(async {
+        let held = unread_connections(&s, CONNS).await;
+        let open = format!("tlsgate_h2_streams_open {}\n", CONNS * 128);
+        s.expect_metric_line(&open);
+        // Every stream that can read has read; the rest wait.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (rss1, _) = usage(&s);
+        let bound = CONNS as u64 * (BUDGET_KIB + STREAMS_STATE_KIB);
+        assert!(
+            rss1 < rss0 + bound,
+            "{CONNS} connections that read nothing grew the server from {rss0} to {rss1} KiB \
+             (bound {bound} KiB)"
+        );
+        // A normal client, meanwhile: its 1 MiB at once.
+        let t0 = Instant::now();
+        let (code, _, body) = curl2(&s, &["-m", "10", &s.url("/big.bin")]);
+        assert_eq!(code, "200");
+        assert!(body == f.big, "1 MiB body differs");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        drop(held);
+    });
+}
+
+/// The worker's budget (`http2.max_worker_send_buffer`) caps all its
+/// connections: with room for four connections' budgets, clients that
+/// read nothing wait for it, those holding it are closed once their
+/// client has taken nothing for 2 s while others wait (long before the
+/// 60 s send timeout), and a normal client gets its file.
+#[test]
+fn a_workers_send_budget_caps_clients_that_read_nothing_and_others_are_served() {
+    const CONNS: usize = 12;
+    const WORKER_KIB: u64 = 1024;
+    let f = Fixture::new();
+    let s = Server::start(
+        &f,
+        &config(
+            &f,
+            &format!(
+                "[access_log]\ntarget = \"off\"\n[server]\nworkers = 1\n[limits]\n\
+                 send_timeout = \"60s\"\n[http2]\nmax_connection_send_buffer = 262144\n\
+                 max_worker_send_buffer = {}",
+                WORKER_KIB * 1024
+            ),
+            "",
+        ),
+    );
+    assert!(curl2(&s, &[&s.url("/big.bin")]).2 == f.big);
+    let (rss0, _) = usage(&s);
+    rt().block_on(async {
+        let held = unread_connections(&s, CONNS).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (rss1, _) = usage(&s);
+        let bound = WORKER_KIB + CONNS as u64 * STREAMS_STATE_KIB;
+        assert!(
+            rss1 < rss0 + bound,
+            "grew from {rss0} to {rss1} KiB (bound {bound} KiB)"
+        );
+        let t0 = Instant::now();
+        let (code, _, body) = curl2(&s, &["-m", "30", &s.url("/big.bin")]);
+        assert_eq!(code, "200");
+        assert!(body == f.big, "1 MiB body differs");
+        assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+        let text =
+            s.metrics_when(|t| t.contains("tlsgate_timeouts_total{reason=\"h2_send_budget\"}"));
+        assert!(
+            text.contains("tlsgate_timeouts_total{reason=\"h2_send_budget\"}"),
+            "{text}"
+        );
+        drop(held);
+    });
+}
