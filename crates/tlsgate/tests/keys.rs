@@ -880,3 +880,36 @@ fn an_upstream_client_signature_does_not_hold_up_the_worker() {
     assert_eq!(waiting.join().unwrap(), Ok((200, "mtls".into())));
     assert!(!server.log().contains("panicked"), "{}", server.log());
 }
+
+/// TLS 1.2 client authentication signs the whole handshake so far, the
+/// upstream's certificate chain with it: an upstream whose chain is over
+/// 20 KiB (a leaf with many long names), TLS 1.2 only, requiring a client
+/// certificate, is reached. The key protocol carried at most 16 KiB to
+/// sign, and the request was answered 502.
+#[test]
+fn a_tls12_upstream_with_a_large_chain_gets_its_client_signature() {
+    use common::upstream::{body_text, get};
+    let fx = Fixture::new();
+    let ca = upstream_pki(&fx);
+    let mut names: Vec<String> = vec!["app.internal".into()];
+    names.extend((0..400).map(|i| format!("n{i:03}-{}.app.internal", "x".repeat(50))));
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = rcgen::CertificateParams::new(names).unwrap();
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf = p.signed_by(&key, &ca.0, &ca.1).unwrap();
+    let leaf = leaf.der().clone();
+    assert!(leaf.len() > 20 * 1024, "the chain is {} bytes", leaf.len());
+    let upstream = mtls_upstream(
+        vec![leaf],
+        key.serialize_der(),
+        &ca.0,
+        &[&rustls::version::TLS12],
+    );
+    let server = behind_an_mtls_upstream(&fx, upstream);
+    for _ in 0..2 {
+        let mut s = tls_connect(server.addr);
+        let r = get(&mut s, "/id", "Connection: close\r\n").unwrap();
+        assert_eq!(r.status, 200, "{}\n{}", r.head, server.log());
+        assert_eq!(body_text(&r), "mtls");
+    }
+}
