@@ -211,6 +211,7 @@ impl Connection {
         ours.set_write_timeout(Some(timeout))?;
         Ok(Lane {
             conn: Arc::downgrade(self),
+            packet: tlsgate_sys::ipc::packet_limit(&ours, proto::MAX_PACKET),
             sock: ours,
             frames: Deframer::new(proto::MAX_RESPONSE),
             out: Vec::with_capacity(1024),
@@ -242,6 +243,8 @@ struct Lane {
     /// is not used after a restart.
     conn: Weak<Connection>,
     sock: UnixStream,
+    /// Largest packet written: a longer request goes in several.
+    packet: usize,
     frames: Deframer,
     out: Vec<u8>,
 }
@@ -250,11 +253,19 @@ impl Lane {
     /// Sends `req` and reads its answer, bounded by the socket timeouts.
     /// Any failure leaves the lane unusable (an answer may still come).
     fn call(&mut self, id: u64, req: &Request) -> Result<Response, KeyUnavailable> {
+        if self.out.capacity() > proto::MAX_PACKET {
+            // What a large request (a TLS 1.2 client's transcript) took.
+            self.out = Vec::with_capacity(1024);
+        }
         self.out.clear();
         proto::encode_request(&mut self.out, id, req);
-        self.sock
-            .write_all(&self.out)
-            .map_err(|_| KeyUnavailable::Down)?;
+        // Each write is one packet (a sequenced-packet socket sends it
+        // whole or not at all).
+        for packet in self.out.chunks(self.packet) {
+            self.sock
+                .write_all(packet)
+                .map_err(|_| KeyUnavailable::Down)?;
+        }
         loop {
             let frame = self
                 .frames
@@ -658,6 +669,11 @@ impl KeyBackend for Inner {
     ) -> Result<Vec<u8>, KeyUnavailable> {
         let result = (|| {
             if message.len() > proto::MAX_MESSAGE {
+                tracing::warn!(
+                    "not signing {} bytes: the key process signs at most {} (a TLS 1.2 client signs the whole handshake: the upstream's certificate messages are that large)",
+                    message.len(),
+                    proto::MAX_MESSAGE
+                );
                 return Err(KeyUnavailable::Refused);
             }
             let conn = lock(&self.current).clone().ok_or(KeyUnavailable::Down)?;
@@ -720,9 +736,13 @@ impl KeyBackend for Inner {
 
 /// Signatures waiting on one asynchronous lane before new ones are refused.
 const LANE_MAX_WAITING: usize = 1024;
-/// Requests per packet: their answers (an RSA-4096 signature and its
-/// header, ~530 bytes each) must fit one 64 KiB read on our side.
+/// Requests that end in one packet: their answers (an RSA-4096 signature
+/// and its header, ~530 bytes each), which the key server sends in one
+/// packet, must fit one 64 KiB read on our side.
 const LANE_BATCH: usize = 32;
+/// Bytes of requests queued on one asynchronous lane before new ones are
+/// refused (`busy`): a few of the largest (TLS 1.2 client transcripts).
+const LANE_MAX_QUEUED: usize = 8 * proto::MAX_MESSAGE;
 
 /// A worker thread's lane for handshakes that wait without blocking it
 /// (`tlsgate_tls::run_signing`). The requests made in one turn of the
@@ -736,6 +756,8 @@ struct AsyncLane {
     /// A sequenced-packet socket in tokio's stream type: each read and
     /// write is one packet.
     sock: tokio::net::UnixStream,
+    /// Largest packet written: a longer request goes in several.
+    packet: usize,
     queue: Mutex<LaneQueue>,
     /// Wakes the lane's sender: requests are queued.
     queued: Notify,
@@ -743,7 +765,8 @@ struct AsyncLane {
 
 #[derive(Default)]
 struct LaneQueue {
-    /// Packets not yet sent, each of at most [`LANE_BATCH`] requests.
+    /// Packets not yet sent, each of at most [`AsyncLane::packet`] bytes,
+    /// with how many requests end in it (at most [`LANE_BATCH`]).
     packets: Vec<(Vec<u8>, usize)>,
     /// A sent packet's buffer, kept for the next.
     spare: Vec<u8>,
@@ -751,6 +774,9 @@ struct LaneQueue {
     /// its way, so the reader waits for epoll instead of trying a read
     /// that would fail with `EAGAIN` (a packet read is short either way).
     in_flight: usize,
+    /// The sender has packets out of the queue not all written yet: a
+    /// request written now could land inside a frame they continue.
+    sending: bool,
     waiting: HashMap<u64, oneshot::Sender<Response>>,
     /// The lane failed or closed: nothing more is sent on it.
     closed: bool,
@@ -777,6 +803,7 @@ impl AsyncLane {
         sock.set_nonblocking(true)?;
         let lane = Arc::new(AsyncLane {
             conn: Arc::downgrade(conn),
+            packet: tlsgate_sys::ipc::packet_limit(&sock, proto::MAX_PACKET),
             sock: tokio::net::UnixStream::from_std(sock)?,
             queue: Mutex::new(LaneQueue::default()),
             queued: Notify::new(),
@@ -809,7 +836,8 @@ impl AsyncLane {
             if q.closed {
                 return Err(KeyUnavailable::Down);
             }
-            if q.waiting.len() >= LANE_MAX_WAITING {
+            let queued: usize = q.packets.iter().map(|(p, _)| p.len()).sum();
+            if q.waiting.len() >= LANE_MAX_WAITING || queued > LANE_MAX_QUEUED {
                 return Err(KeyUnavailable::Busy);
             }
             let (tx, rx) = oneshot::channel();
@@ -817,7 +845,7 @@ impl AsyncLane {
             // With nothing of ours at the key server there is no batch to
             // join: the request leaves now (an idle server's handshake
             // would otherwise wait a turn).
-            let idle = q.packets.is_empty() && q.in_flight == 0;
+            let idle = q.packets.is_empty() && q.in_flight == 0 && !q.sending;
             if !(idle && self.send_now(&mut q, id, req)) {
                 self.queue_request(&mut q, id, req);
             }
@@ -832,12 +860,15 @@ impl AsyncLane {
     fn send_now(&self, q: &mut LaneQueue, id: u64, req: &Request) -> bool {
         let mut buf = std::mem::take(&mut q.spare);
         proto::encode_request(&mut buf, id, req);
-        let sent = matches!(self.sock.try_write(&buf), Ok(n) if n == buf.len());
+        let sent = buf.len() <= self.packet
+            && matches!(self.sock.try_write(&buf), Ok(n) if n == buf.len());
         if sent {
             q.in_flight += 1;
         }
         buf.clear();
-        q.spare = buf;
+        if buf.capacity() <= self.packet {
+            q.spare = buf;
+        }
         sent
     }
 
@@ -845,16 +876,30 @@ impl AsyncLane {
     /// wakes the sender.
     fn queue_request(&self, q: &mut LaneQueue, id: u64, req: &Request) {
         let first = q.packets.is_empty();
-        match q.packets.last_mut() {
-            Some((buf, n)) if *n < LANE_BATCH => {
+        let open = matches!(
+            q.packets.last(),
+            Some((buf, n)) if *n < LANE_BATCH && buf.len() < self.packet
+        );
+        if !open {
+            let buf = std::mem::take(&mut q.spare);
+            q.packets.push((buf, 0));
+        }
+        let over = match q.packets.last_mut() {
+            Some((buf, _)) => {
                 proto::encode_request(buf, id, req);
-                *n += 1;
+                (buf.len() > self.packet).then(|| buf.split_off(self.packet))
             }
-            _ => {
-                let mut buf = std::mem::take(&mut q.spare);
-                proto::encode_request(&mut buf, id, req);
-                q.packets.push((buf, 1));
+            None => None,
+        };
+        // What does not fit goes on in packets of its own; the key server
+        // reassembles the frame.
+        if let Some(over) = over {
+            for piece in over.chunks(self.packet) {
+                q.packets.push((piece.to_vec(), 0));
             }
+        }
+        if let Some((_, n)) = q.packets.last_mut() {
+            *n += 1;
         }
         if first {
             // A task of its own sends the batch, so that a handshake
@@ -899,7 +944,18 @@ impl AsyncLane {
 
     /// Sends every queued packet; `false` when the socket failed.
     async fn send_queued(&self) -> bool {
-        let packets = std::mem::take(&mut lock(&self.queue).packets);
+        let packets = {
+            let mut q = lock(&self.queue);
+            q.sending = true;
+            std::mem::take(&mut q.packets)
+        };
+        let sent = self.send_packets(packets).await;
+        lock(&self.queue).sending = false;
+        sent
+    }
+
+    /// Sends `packets` in order; `false` when the socket failed.
+    async fn send_packets(&self, packets: Vec<(Vec<u8>, usize)>) -> bool {
         for (mut packet, requests) in packets {
             let sent = loop {
                 if self.sock.writable().await.is_err() {
@@ -1154,6 +1210,10 @@ mod tests {
                 while let Some(f) = d.next_frame().unwrap() {
                     ids.push(proto::decode_request(f).unwrap().0);
                 }
+                // A packet in the middle of a large request ends none.
+                if ids.is_empty() {
+                    continue;
+                }
                 sizes.send(ids.len()).unwrap();
                 let mut out = Vec::new();
                 for id in ids.iter().rev() {
@@ -1200,6 +1260,53 @@ mod tests {
         // The first went at once (the key server had nothing of ours),
         // the four asked meanwhile together; the last alone again.
         assert_eq!(sizes.try_iter().collect::<Vec<_>>(), [1, 1, 4, 1]);
+    }
+
+    /// A request larger than a packet (a TLS 1.2 client's transcript) goes
+    /// in several, and requests made meanwhile do not land inside it.
+    #[test]
+    fn a_request_larger_than_a_packet_is_split_and_reassembled() {
+        let (conn, b) = connected();
+        let (tx, sizes) = std::sync::mpsc::channel();
+        fake_lane_server(b, tx);
+        let big = |id: u64| Request::Sign {
+            key_id: id,
+            scheme: SignatureScheme::ED25519,
+            message: vec![id as u8; proto::MAX_MESSAGE],
+        };
+        let rt = runtime();
+        rt.block_on(async {
+            let lane = AsyncLane::open(&conn).unwrap();
+            assert!(lane.packet < proto::MAX_MESSAGE);
+            let calls: Vec<_> = (1..=6u64)
+                .map(|id| {
+                    let lane = lane.clone();
+                    let req = if id % 2 == 0 { big(id) } else { sign() };
+                    tokio::spawn(async move { lane.call(id, &req, Duration::from_secs(10)).await })
+                })
+                .collect();
+            for (i, c) in calls.into_iter().enumerate() {
+                let id = i as u8 + 1;
+                assert_eq!(c.await.unwrap().unwrap(), Response::Signature(vec![id; 4]));
+            }
+        });
+        let sizes: Vec<usize> = sizes.try_iter().collect();
+        assert_eq!(sizes.iter().sum::<usize>(), 6, "{sizes:?}");
+        // And the blocking lane.
+        let (conn, b) = connected();
+        let (tx, sizes) = std::sync::mpsc::channel();
+        fake_lane_server(b, tx);
+        let mut blocking = conn.open_lane(Duration::from_secs(10)).unwrap();
+        assert!(blocking.packet < proto::MAX_MESSAGE);
+        assert_eq!(
+            blocking.call(8, &big(8)).unwrap(),
+            Response::Signature(vec![8; 4])
+        );
+        assert_eq!(
+            blocking.call(9, &sign()).unwrap(),
+            Response::Signature(vec![9; 4])
+        );
+        assert_eq!(sizes.try_iter().collect::<Vec<_>>(), [1, 1]);
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The key protocol: small, versioned, length-prefixed binary frames over
 //! a Unix stream socket between the network-facing process and the key
-//! process.
+//! process, and over each thread's sequenced-packet lane (there a frame
+//! may span packets of at most [`MAX_PACKET`] bytes, and a packet may hold
+//! several frames: the reader reassembles the bytes as a stream).
 //!
 //! ```text
 //! frame    = length:u32 payload            (big endian; 1 <= length <= limit)
 //! payload  = version:u8 kind:u8 id:u64 body
 //! requests  (network -> key process, length <= MAX_REQUEST)
-//!   0x01 sign    key:u64 scheme:u16 message:bytes16   (message <= MAX_MESSAGE)
+//!   0x01 sign    key:u64 scheme:u16 message:bytes32   (message <= MAX_MESSAGE)
 //!   0x02 load    count:u16 keep:u64*count             (count <= MAX_KEYS)
 //!   0x03 lane    (empty; a socket rides along as SCM_RIGHTS, unanswered)
 //! responses (key process -> network, length <= MAX_RESPONSE)
@@ -26,13 +28,27 @@ use rustls::{SignatureAlgorithm, SignatureScheme};
 use tlsgate_tls::KeyInfo;
 
 /// Protocol version; both ends are the same binary, so any other is a bug.
-pub const VERSION: u8 = 1;
-/// Largest request payload.
-pub const MAX_REQUEST: usize = 64 * 1024;
+/// (2: a message to sign is `bytes32`.)
+pub const VERSION: u8 = 2;
+/// Largest message to sign. A server signs a few hundred bytes; a TLS 1.2
+/// client (an upstream's client certificate) signs the whole handshake so
+/// far: its ClientHello, the server's ServerHello, Certificate, status,
+/// ServerKeyExchange, CertificateRequest and ServerHelloDone (rustls takes
+/// none over 64 KiB), its own Certificate and ClientKeyExchange. The first
+/// eight come to under 480 KiB, the client's chain is at most
+/// [`tlsgate_tls::material::MAX_CLIENT_CHAIN`] (512 KiB): whatever rustls
+/// asks to sign fits. A larger message is refused before it is sent.
+pub const MAX_MESSAGE: usize = 1024 * 1024;
+/// Largest request payload: a `sign` with the largest message (its header
+/// and fields are 20 bytes), a `load` with the largest keep list.
+pub const MAX_REQUEST: usize = MAX_MESSAGE + 64;
 /// Largest response payload (a `loaded` answer carries every chain).
 pub const MAX_RESPONSE: usize = 16 * 1024 * 1024;
-/// Largest message to sign (TLS signs a few hundred bytes).
-pub const MAX_MESSAGE: usize = 16 * 1024;
+/// Largest packet written on a lane: one [`Deframer::read_from`] takes at
+/// least this much, so a packet is never cut short (the rest of a
+/// sequenced packet longer than the read would be lost). Larger frames
+/// are sent in several packets.
+pub const MAX_PACKET: usize = READ_SIZE;
 /// Largest signature (RSA-16384 is 2048 bytes).
 pub const MAX_SIGNATURE: usize = 2048;
 /// Most keys in a `load` keep list.
@@ -49,6 +65,16 @@ pub const MAX_FILE: usize = tlsgate_tls::material::MAX_PUBLIC_FILE;
 pub const MAX_FILES: usize = 1024;
 
 const HEADER: usize = 1 + 1 + 8;
+
+// What rustls may ask a client key to sign (see `MAX_MESSAGE`): seven
+// handshake messages of at most 4 + 0xffff bytes (six of the server's and
+// the ClientHello's extensions), the ClientHello's other fields and a
+// ClientKeyExchange (under 2 KiB), and the client's Certificate message
+// (its 7 bytes of headers and the chain as it is sent).
+const _: () =
+    assert!(7 * (4 + 0xffff) + 2048 + 7 + tlsgate_tls::material::MAX_CLIENT_CHAIN <= MAX_MESSAGE);
+const _: () = assert!(HEADER + 8 + 2 + 4 + MAX_MESSAGE <= MAX_REQUEST);
+const _: () = assert!(HEADER + 2 + MAX_KEYS * 8 <= MAX_REQUEST);
 
 /// What is wrong with a frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -348,7 +374,7 @@ pub fn encode_request(out: &mut Vec<u8>, id: u64, req: &Request) {
             let mut w = Writer(out);
             w.u64(*key_id);
             w.u16(u16::from(*scheme));
-            w.bytes16(message);
+            w.bytes32(message);
             end(out, start);
         }
         Request::Load { keep } | Request::Retain { keep } => {
@@ -458,7 +484,7 @@ pub fn decode_request(payload: &[u8]) -> Result<(u64, Request), ProtoError> {
         0x01 => {
             let key_id = r.u64("key id")?;
             let scheme = SignatureScheme::from(r.u16("scheme")?);
-            let message = r.bytes16(MAX_MESSAGE, "message")?.to_vec();
+            let message = r.bytes32(MAX_MESSAGE, "message")?.to_vec();
             Request::Sign {
                 key_id,
                 scheme,
@@ -871,6 +897,41 @@ mod tests {
         assert_eq!(request_id(&buf[4..]), Some(1), "the id is still known");
     }
 
+    /// The largest message goes over a lane in packets of at most
+    /// [`MAX_PACKET`], after and before small frames sharing those
+    /// packets; the reader's deframer gives the frames back whole.
+    #[test]
+    fn the_largest_sign_request_crosses_a_lane_in_packets() {
+        use std::io::Write;
+        let big = Request::Sign {
+            key_id: 7,
+            scheme: SignatureScheme::RSA_PSS_SHA256,
+            message: (0..MAX_MESSAGE).map(|i| i as u8).collect(),
+        };
+        let mut buf = Vec::new();
+        encode_request(&mut buf, 1, &requests()[0]);
+        encode_request(&mut buf, 2, &big);
+        encode_request(&mut buf, 3, &requests()[0]);
+        let (mut ours, mut theirs) = tlsgate_sys::ipc::packet_pair().unwrap();
+        let packet = tlsgate_sys::ipc::packet_limit(&ours, MAX_PACKET);
+        let writer = std::thread::spawn(move || {
+            for p in buf.chunks(packet) {
+                ours.write_all(p).unwrap();
+            }
+        });
+        let mut d = Deframer::new(MAX_REQUEST);
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            assert!(d.read_from(&mut theirs).unwrap() > 0);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(decode_request(f).unwrap());
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(got[1], (2, big));
+        assert_eq!(got[2], (3, requests()[0].clone()));
+    }
+
     #[test]
     fn lying_counts_and_bad_fields_are_refused() {
         // keep count says 65535 but carries none.
@@ -881,8 +942,11 @@ mod tests {
         );
         p[1] = 0x7f;
         assert_eq!(decode_request(&p).unwrap_err(), ProtoError::Kind(0x7f));
-        p[0] = 2;
-        assert_eq!(decode_request(&p).unwrap_err(), ProtoError::Version(2));
+        p[0] = VERSION + 1;
+        assert_eq!(
+            decode_request(&p).unwrap_err(),
+            ProtoError::Version(VERSION + 1)
+        );
         // A loaded answer claiming 65535 listeners in 2 bytes.
         let p = [VERSION, 0x83, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff];
         assert!(decode_response(&p).is_err());

@@ -399,7 +399,19 @@ impl Pool {
             None => Stream::Plain(tcp),
             Some((connector, tc)) => {
                 let name = tls::server_name(connector, &s.cfg.host).ok_or(Failure::Tls)?;
-                let tls = tc.connect(name, tcp).await.map_err(|e| {
+                let connect = tc.connect(name, tcp);
+                // With a client certificate the upstream may ask for, rustls
+                // signs inside the handshake's poll: there the signature is
+                // awaited, not waited for (the worker serves its other
+                // connections meanwhile). The connect timeout above bounds it.
+                let handshake = if connector.signs {
+                    tlsgate_tls::poll_signing(connect)
+                        .await
+                        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+                } else {
+                    connect.await
+                };
+                let tls = handshake.map_err(|e| {
                     tracing::warn!(pool = %self.cfg.name, server = %s.cfg.address, "upstream TLS handshake failed: {e}");
                     Failure::Tls
                 })?;

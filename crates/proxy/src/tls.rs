@@ -17,6 +17,10 @@ pub(crate) struct Connector {
     pub config: Arc<ClientConfig>,
     /// The name sent and verified instead of each server's host.
     pub sni: Option<ServerName<'static>>,
+    /// A client certificate is configured: a handshake may sign with its
+    /// key (in the key process), so it is driven where that signature is
+    /// awaited (`tlsgate_tls::poll_signing`).
+    pub signs: bool,
 }
 
 /// What the holder of the keys read for the pools' TLS: this process may
@@ -83,6 +87,7 @@ pub(crate) fn connector(
         .map_err(|e| err("tls", e.to_string()))?
         .with_root_certificates(roots);
     // The key was read, and checked against the chain, by the key holder.
+    let signs = t.client_cert.is_some() && client.is_some();
     let mut config = match (&t.client_cert, client) {
         (Some(_), Some(certified)) => {
             builder.with_client_cert_resolver(Arc::new(OneClientCert(certified.clone())))
@@ -113,6 +118,7 @@ pub(crate) fn connector(
     Ok(Connector {
         config: Arc::new(config),
         sni,
+        signs,
     })
 }
 

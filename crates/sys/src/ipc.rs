@@ -37,6 +37,15 @@ pub fn packet_pair() -> io::Result<(UnixStream, UnixStream)> {
     Ok((UnixStream::from(a), UnixStream::from(b)))
 }
 
+/// The largest packet worth writing on a sequenced-packet socket, at most
+/// `max`: the kernel refuses a packet above the socket's send buffer, so
+/// half of it (two such packets can wait at once). Longer messages are
+/// written in several packets (their reader reassembles them).
+pub fn packet_limit(sock: impl AsFd, max: usize) -> usize {
+    let buffer = rustix::net::sockopt::socket_send_buffer_size(sock).unwrap_or(0);
+    (buffer / 2).max(1024).min(max)
+}
+
 /// Sends one byte and, with it, a duplicate of `fd` (`SCM_RIGHTS`).
 pub fn send_fd(sock: &UnixStream, fd: impl AsFd) -> io::Result<()> {
     send_with_fd(sock, b"F", fd)

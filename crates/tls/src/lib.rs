@@ -28,8 +28,8 @@ pub use error::{CertError, HandshakeError};
 pub use material::Material;
 pub use offload::OffloadError;
 pub use remote::{
-    run_signing, KeyBackend, KeyInfo, KeyUnavailable, MovedThread, RemoteKey, SignFuture,
-    SignResult,
+    poll_signing, run_signing, KeyBackend, KeyInfo, KeyUnavailable, MovedThread, RemoteKey,
+    SignFuture, SignResult,
 };
 pub use rustls;
 pub use tickets::{TicketKeyError, TicketKeys, TicketObserver};

@@ -20,6 +20,11 @@ use zeroize::{Zeroize, Zeroizing};
 
 /// Largest public file read for a configuration (a CA bundle).
 pub const MAX_PUBLIC_FILE: usize = 4 * 1024 * 1024;
+/// Largest upstream client certificate chain, as a TLS 1.2 Certificate
+/// message carries it (3 bytes of length per certificate and its DER): a
+/// TLS 1.2 client signs it with the rest of the handshake, and the key
+/// process signs at most 1 MiB (`tlsgate_keyserver::proto::MAX_MESSAGE`).
+pub const MAX_CLIENT_CHAIN: usize = 512 * 1024;
 
 /// Public files and upstream client keys, as the key holder read them.
 #[derive(Debug, Clone, Default)]
@@ -112,6 +117,16 @@ impl Material {
                 return Err(err(
                     "client_cert",
                     format!("expected a certificate in {}", cert.display()),
+                ));
+            }
+            let sent: usize = chain.iter().map(|c| 3 + c.as_ref().len()).sum();
+            if sent > MAX_CLIENT_CHAIN {
+                return Err(err(
+                    "client_cert",
+                    format!(
+                        "the chain in {} is {sent} bytes as sent; at most {MAX_CLIENT_CHAIN} (TLS 1.2 signs it with the rest of the handshake, and the key process signs at most 1 MiB)",
+                        cert.display()
+                    ),
                 ));
             }
             let pem =

@@ -10,6 +10,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use tlsgate_sys::suspend::{self, Answer, Step, Suspendable};
 
@@ -204,6 +205,48 @@ where
     }
 }
 
+/// Awaits `fut` with each of its polls run the way [`run_signing`] runs
+/// its call, so that a remote signature asked for inside a poll is awaited
+/// instead of blocking the thread: an upstream's request for a client
+/// certificate makes rustls sign inside tokio-rustls' handshake poll. A
+/// poll that ends `Pending` has registered this task's waker (the inner
+/// poll is given it), so this returns `Pending` once to the executor.
+///
+/// Each poll switches to a stack of its own and back (the future is boxed
+/// once, so only a pointer moves): meant for the few polls of a handshake
+/// that may sign. Without a stack (too many suspended on this thread) a
+/// poll runs directly and a signature in it blocks, as it did before.
+pub async fn poll_signing<F>(fut: F) -> Result<F::Output, MovedThread>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let mut fut = Box::pin(fut);
+    loop {
+        let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+        let (back, polled) = run_signing(move || {
+            let polled = fut.as_mut().poll(&mut Context::from_waker(&waker));
+            (fut, polled)
+        })
+        .await?;
+        match polled {
+            Poll::Ready(out) => return Ok(out),
+            Poll::Pending => {
+                fut = back;
+                let mut yielded = false;
+                std::future::poll_fn(|_| {
+                    if std::mem::replace(&mut yielded, true) {
+                        Poll::Ready(())
+                    } else {
+                        Poll::Pending
+                    }
+                })
+                .await;
+            }
+        }
+    }
+}
+
 /// A signing key held by a [`KeyBackend`].
 #[derive(Debug)]
 pub struct RemoteKey {
@@ -298,6 +341,56 @@ mod tests {
             }
             Ok(self.0.choose_scheme(&[s]).unwrap().sign(m).unwrap())
         }
+    }
+
+    /// Signs only the awaited way, when the test lets it: the blocking
+    /// way says `Busy`.
+    #[derive(Debug)]
+    struct Later(std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<Vec<u8>>>>);
+
+    impl KeyBackend for Later {
+        fn sign(&self, _: u64, _: SignatureScheme, _: &[u8]) -> SignResult {
+            Err(KeyUnavailable::Busy)
+        }
+        fn sign_later(self: Arc<Self>, _: u64, _: SignatureScheme, _: Vec<u8>) -> SignFuture {
+            let rx = self.0.lock().unwrap().take().unwrap();
+            Box::pin(async move { rx.await.map_err(|_| KeyUnavailable::Down) })
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_signature_inside_a_poll_is_awaited_while_the_thread_runs_other_tasks() {
+        let key = local(&rcgen::PKCS_ECDSA_P256_SHA256);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let remote = RemoteKey::new(
+            KeyInfo::of(&*key).unwrap(),
+            Arc::new(Later(std::sync::Mutex::new(Some(rx)))),
+        );
+        let signer = remote
+            .choose_scheme(&[SignatureScheme::ECDSA_NISTP256_SHA256])
+            .unwrap();
+        // Pending once (woken at once), then a poll that signs, as a
+        // handshake's poll does when the upstream asks for a certificate.
+        let mut polls = 0;
+        let handshake = std::future::poll_fn(move |cx| {
+            polls += 1;
+            if polls == 1 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready((polls, signer.sign(b"transcript")))
+        });
+        // Another task of this thread answers, which it can only do while
+        // the signing poll is suspended.
+        tokio::spawn(async move { tx.send(vec![42]).unwrap() });
+        let (polls, signed) = poll_signing(handshake).await.unwrap();
+        assert_eq!(polls, 2);
+        assert_eq!(signed.unwrap(), vec![42]);
+        // Outside it, the same signer blocks (here: the backend's `Busy`).
+        let signer = remote
+            .choose_scheme(&[SignatureScheme::ECDSA_NISTP256_SHA256])
+            .unwrap();
+        assert!(signer.sign(b"transcript").is_err());
     }
 
     #[test]

@@ -729,3 +729,187 @@ fn held_by_the_key_server_only(server: &Server, wanted: &[(String, Vec<u8>)]) ->
     );
     in_keys
 }
+
+/// An upstream pool whose server asks for tlsgate's client certificate,
+/// and tlsgate (one worker, `key_timeout` and `connect_timeout` 20 s) in
+/// front of it: `/id` goes upstream, every request over a new upstream
+/// connection (`max_idle = 0`) with a full handshake (no resumption), so
+/// every one signs; the rest is files.
+fn behind_an_mtls_upstream(fx: &Fixture, upstream: Arc<rustls::ServerConfig>) -> Server {
+    use common::upstream::{pool, route};
+    let dir = fx.path();
+    let up = common::upstream::Upstream::start("mtls", Some(upstream));
+    let keys = format!(
+        "tls = true\nca = {:?}\nsni = \"app.internal\"\nclient_cert = {:?}\nclient_key = {:?}\nmax_idle = 0\nsession_resumption = false\nconnect_timeout = \"20s\"",
+        dir.join("up-ca.pem"),
+        dir.join("tlsgate-client.crt"),
+        dir.join("tlsgate-client.key"),
+    );
+    let pools = pool("mtls", &[(up.address(), 1)], &keys, "");
+    let top = format!(
+        "[server]\nworkers = 1\nkey_timeout = \"20s\"\n{}\n{pools}",
+        common::upstream::NO_RATE_LIMIT
+    );
+    let server = Server::start(fx, &fx.config(&top, &route("/id", "mtls", "")));
+    // The upstream lives as long as the test's process needs it.
+    std::mem::forget(up);
+    server
+}
+
+/// The upstream CA (its PEM in `up-ca.pem`) and tlsgate's client
+/// certificate signed by it (`tlsgate-client.crt` and `.key`).
+fn upstream_pki(fx: &Fixture) -> (rcgen::Certificate, rcgen::KeyPair) {
+    let ca = common::make_ca("upstream CA");
+    std::fs::write(fx.path().join("up-ca.pem"), ca.0.pem()).unwrap();
+    common::upstream::make_leaf(
+        fx.path(),
+        "tlsgate-client",
+        &["tlsgate.internal"],
+        true,
+        &ca,
+    );
+    ca
+}
+
+/// A rustls upstream configuration with `chain` and `key`, offering
+/// `versions`, that requires a client certificate from `ca`.
+fn mtls_upstream(
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: Vec<u8>,
+    ca: &rcgen::Certificate,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ServerConfig> {
+    let provider = Arc::new(provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .unwrap();
+    Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, PrivateKeyDer::Pkcs8(key.into()))
+            .unwrap(),
+    )
+}
+
+/// An upstream's request for tlsgate's client certificate does not hold
+/// up the worker: with the key server stopped, a request that opens a new
+/// upstream connection waits for its client signature, and meanwhile a
+/// keep-alive connection on the same (only) worker gets a file at once.
+/// rustls signed inside tokio-rustls' handshake poll, which blocked the
+/// worker's thread until the key process answered (the kept connection's
+/// read timed out); then the request completes.
+#[test]
+fn an_upstream_client_signature_does_not_hold_up_the_worker() {
+    use common::upstream::{body_text, get, make_leaf};
+    let fx = Fixture::new();
+    let ca = upstream_pki(&fx);
+    let (srv_cert, srv_key, _, _) = make_leaf(
+        fx.path(),
+        "upstream",
+        &["app.internal", "127.0.0.1"],
+        false,
+        &ca,
+    );
+    let upstream = mtls_upstream(vec![srv_cert], srv_key, &ca.0, rustls::DEFAULT_VERSIONS);
+    let server = behind_an_mtls_upstream(&fx, upstream);
+    let file = "GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let answer = |s: &mut TlsStream| -> Result<(), String> {
+        s.write_all(file.as_bytes()).map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.ends_with(HELLO.as_bytes()) {
+            match s.read(&mut buf) {
+                Ok(0) => return Err("closed".into()),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    };
+    // Both open before, both used once (A through the pool: its key
+    // server running, the client signature comes at once).
+    let mut a = tls_connect(server.addr);
+    let r = get(&mut a, "/id", "").unwrap();
+    assert_eq!(
+        (r.status, body_text(&r)),
+        (200, "mtls".into()),
+        "{}",
+        r.head
+    );
+    let mut kept = tls_connect(server.addr);
+    answer(&mut kept).unwrap();
+    let (_, ks) = key_processes(&server);
+    let sig = |s: &str| {
+        assert!(Command::new("kill")
+            .args([s, &ks.to_string()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    sig("-STOP");
+    let waiting = std::thread::spawn(move || {
+        let r = get(&mut a, "/id", "").map_err(|e| e.to_string());
+        r.map(|r| (r.status, body_text(&r)))
+    });
+    // Time for the upstream connection's handshake to ask for the
+    // client signature.
+    std::thread::sleep(Duration::from_millis(500));
+    kept.sock
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let t0 = Instant::now();
+    let served = answer(&mut kept);
+    let took = t0.elapsed();
+    let still_waiting = !waiting.is_finished();
+    sig("-CONT");
+    served.unwrap_or_else(|e| {
+        panic!("the kept connection was not answered while a client signature was awaited: {e}")
+    });
+    assert!(took < Duration::from_secs(1), "answered after {took:?}");
+    assert!(
+        still_waiting,
+        "the upstream handshake did not wait for the stopped key server"
+    );
+    assert_eq!(waiting.join().unwrap(), Ok((200, "mtls".into())));
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+}
+
+/// TLS 1.2 client authentication signs the whole handshake so far, the
+/// upstream's certificate chain with it: an upstream whose chain is over
+/// 20 KiB (a leaf with many long names), TLS 1.2 only, requiring a client
+/// certificate, is reached. The key protocol carried at most 16 KiB to
+/// sign, and the request was answered 502.
+#[test]
+fn a_tls12_upstream_with_a_large_chain_gets_its_client_signature() {
+    use common::upstream::{body_text, get};
+    let fx = Fixture::new();
+    let ca = upstream_pki(&fx);
+    let mut names: Vec<String> = vec!["app.internal".into()];
+    names.extend((0..400).map(|i| format!("n{i:03}-{}.app.internal", "x".repeat(50))));
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = rcgen::CertificateParams::new(names).unwrap();
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf = p.signed_by(&key, &ca.0, &ca.1).unwrap();
+    let leaf = leaf.der().clone();
+    assert!(leaf.len() > 20 * 1024, "the chain is {} bytes", leaf.len());
+    let upstream = mtls_upstream(
+        vec![leaf],
+        key.serialize_der(),
+        &ca.0,
+        &[&rustls::version::TLS12],
+    );
+    let server = behind_an_mtls_upstream(&fx, upstream);
+    for _ in 0..2 {
+        let mut s = tls_connect(server.addr);
+        let r = get(&mut s, "/id", "Connection: close\r\n").unwrap();
+        assert_eq!(r.status, 200, "{}\n{}", r.head, server.log());
+        assert_eq!(body_text(&r), "mtls");
+    }
+}
