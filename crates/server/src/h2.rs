@@ -121,6 +121,9 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     // wrote (its last branch): a read that waits need not send first.
     guard::send_at_turn_end(&conn);
     let mut shutdown = cx.shutdown.clone();
+    // Streams forwarded to upstream pools at once (`max_proxied_streams`):
+    // one connection's many streams cannot take a whole pool.
+    let proxied = tokio::sync::Semaphore::new(h2c.max_proxied_streams as usize);
     let mut streams = FuturesUnordered::new();
     let mut served: u64 = 0;
     // Set once GOAWAY went out: no new streams, the open ones finish.
@@ -194,7 +197,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                         Some(Ok((req, respond))) => {
                             served += 1;
                             m.h2_streams.inc();
-                            streams.push(serve_stream(cx, req, respond));
+                            streams.push(serve_stream(cx, req, respond, &proxied));
                             // After a reload the connection's streams still
                             // meet the old generation (its pools, its files):
                             // GOAWAY brings the client back to the new one.
@@ -410,6 +413,7 @@ async fn serve_stream(
     cx: &HttpCtx<'_>,
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
+    proxied: &tokio::sync::Semaphore,
 ) {
     let m = &cx.shared.metrics;
     m.h2_streams_open.inc();
@@ -476,7 +480,15 @@ async fn serve_stream(
         crate::proxy::Routed::Refused(status) => (&cx.site.root, Some(status)),
         crate::proxy::Routed::Pool(pool, max_body) => {
             // The proxy reads the body itself, as it goes upstream.
-            let answered = proxy::serve(cx, &parts, &method, body, respond, (pool, max_body)).await;
+            let answered = proxy::serve(
+                cx,
+                &parts,
+                &method,
+                body,
+                respond,
+                (pool, max_body, proxied),
+            )
+            .await;
             let logged = Logged {
                 upstream: answered.note.server.as_deref(),
                 upstream_error: answered.note.reason,
