@@ -422,10 +422,12 @@ impl Pool {
         if ahead >= self.cfg.queue {
             return Err(Failure::QueueFull);
         }
+        // Also off the gauge when the wait is called off (a client that
+        // left, the exchange's deadline).
         s.series.queued.inc();
+        let _queued = Queued(&s.series.queued);
         let waited =
             tokio::time::timeout(self.cfg.queue_timeout, s.slots.clone().acquire_owned()).await;
-        s.series.queued.dec();
         match waited {
             Ok(Ok(p)) => Ok(p),
             // The semaphore is never closed.
@@ -682,6 +684,15 @@ struct Waiting<'a>(&'a AtomicUsize);
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Keeps a request on the `queued` gauge while it lives.
+struct Queued<'a>(&'a tlsgate_metrics::types::Gauge);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
