@@ -348,6 +348,9 @@ pub struct Http2Section {
     /// A connection with no open stream for this long is closed (GOAWAY).
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Streams of one connection forwarded to upstream pools at once;
+    /// more wait for one of them to end.
+    pub max_proxied_streams: u32,
 }
 
 impl Default for Http2Section {
@@ -369,6 +372,7 @@ impl Default for Http2Section {
             control_frames_per_second: 1000,
             control_frame_burst: 2000,
             idle_timeout: Duration::from_secs(60),
+            max_proxied_streams: 32,
         }
     }
 }

@@ -62,6 +62,8 @@ pub struct Http2 {
     /// PING, SETTINGS, PRIORITY, WINDOW_UPDATE and empty DATA frames.
     pub control_frames: FrameRate,
     pub idle_timeout: Duration,
+    /// Streams of one connection in flight to upstream pools at once.
+    pub max_proxied_streams: u32,
 }
 
 /// RFC 9113 §6.5.2: the largest window a peer may announce.
@@ -148,6 +150,12 @@ pub(crate) fn validate(c: &Checker<'_>, s: &Http2Section) -> Result<Http2, Confi
             s.control_frame_burst,
         )?,
         idle_timeout,
+        max_proxied_streams: c.within(
+            "http2.max_proxied_streams",
+            s.max_proxied_streams,
+            1,
+            10_000,
+        )?,
     };
     // A header list at the size limit, sent in frames of the largest size
     // allowed, must not look like a CONTINUATION flood.

@@ -53,6 +53,13 @@ pub struct UpstreamSection {
     pub total_timeout: Option<Duration>,
     /// Idle keep-alive connections kept per server and worker.
     pub max_idle: Option<usize>,
+    /// Connections open to one server (in use and idle), all workers.
+    pub max_conns: Option<usize>,
+    /// Requests that may wait for a connection to one server at its cap.
+    pub queue: Option<usize>,
+    /// How long such a request waits before a 503.
+    #[serde(with = "humantime_serde::option")]
+    pub queue_timeout: Option<Duration>,
     /// Further servers tried for an idempotent request that failed before
     /// any response byte (connect failure, reset).
     pub retries: Option<u32>,
@@ -215,6 +222,11 @@ pub struct Upstream {
     pub idle_timeout: Duration,
     pub total_timeout: Option<Duration>,
     pub max_idle: usize,
+    /// Per server, every worker together; at least 1.
+    pub max_conns: usize,
+    /// Requests waiting per server for a connection; 0: none wait.
+    pub queue: usize,
+    pub queue_timeout: Duration,
     pub retries: u32,
     pub max_fails: u32,
     pub fail_timeout: Duration,
@@ -383,6 +395,9 @@ fn validate_upstream(
         idle_timeout: positive("idle_timeout", u.idle_timeout, 60_000)?,
         total_timeout,
         max_idle: c.within(&key("max_idle"), u.max_idle.unwrap_or(32), 0, 100_000)?,
+        max_conns: c.within(&key("max_conns"), u.max_conns.unwrap_or(256), 1, 1_000_000)?,
+        queue: c.within(&key("queue"), u.queue.unwrap_or(1024), 0, 1_000_000)?,
+        queue_timeout: positive("queue_timeout", u.queue_timeout, 10_000)?,
         retries: c.within(&key("retries"), u.retries.unwrap_or(2), 0, 16)?,
         max_fails: c.within(&key("max_fails"), u.max_fails.unwrap_or(3), 0, 1000)?,
         fail_timeout: positive("fail_timeout", u.fail_timeout, 10_000)?,
@@ -785,6 +800,17 @@ mod tests {
     }
 
     #[test]
+    fn connection_caps_have_safe_defaults() {
+        let c = load_text(&with(POOL, "")).unwrap();
+        let u = &c.upstreams[0];
+        assert_eq!(
+            (u.max_conns, u.queue, u.queue_timeout),
+            (256, 1024, Duration::from_secs(10))
+        );
+        assert_eq!(c.http2.max_proxied_streams, 32);
+    }
+
+    #[test]
     fn errors_name_file_key_and_expectation() {
         let cases: &[(String, &str, &str)] = &[
             (with("[[upstream]]\nname = \"a b\"\n", ""), "upstream[0].name", "letters"),
@@ -801,6 +827,10 @@ mod tests {
             (with(&pool("ca = \"ca.pem\"\n"), ""), "upstream[0].ca", "tls = true"),
             (with(&pool("tls = true\nca = \"ca.pem\"\nclient_cert = \"ca.pem\"\n"), ""), "upstream[0].client_key", "needs client_key"),
             (with(&pool("connect_timeout = \"0s\"\n"), ""), "upstream[0].connect_timeout", "greater than zero"),
+            (with(&pool("max_conns = 0\n"), ""), "upstream[0].max_conns", "from 1 to 1000000"),
+            (with(&pool("queue = 1000001\n"), ""), "upstream[0].queue", "from 0 to 1000000"),
+            (with(&pool("queue_timeout = \"0s\"\n"), ""), "upstream[0].queue_timeout", "greater than zero"),
+            (with(&format!("[http2]\nmax_proxied_streams = 0\n{POOL}"), ""), "http2.max_proxied_streams", "from 1 to 10000"),
             (with(&pool("total_timeout = \"9999999years\"\n"), ""), "upstream[0].total_timeout", "at most 365 days"),
             (with(&pool("[upstream.health_check]\ninterval = \"400days\"\n"), ""), "upstream[0].health_check.interval", "at most 365 days"),
             (with(&format!("{POOL}[upstream.health_check]\npath = \"health\"\n"), ""), "upstream[0].health_check.path", "starting with '/'"),

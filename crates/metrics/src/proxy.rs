@@ -87,6 +87,8 @@ pub struct ProxyMetrics {
     pub connections_open: Family<ServerLabels, Gauge>,
     /// Of those, idle in the keep-alive pools.
     pub connections_idle: Family<ServerLabels, Gauge>,
+    /// Requests waiting for a connection to the server (at `max_conns`).
+    pub queued: Family<ServerLabels, Gauge>,
     /// Tries made again after one failed on this server (on another
     /// server, or on a new connection when it is the pool's only one).
     pub retries: Family<ServerLabels, Counter>,
@@ -107,6 +109,7 @@ impl ProxyMetrics {
             healthy: Family::default(),
             connections_open: Family::default(),
             connections_idle: Family::default(),
+            queued: Family::default(),
             retries: Family::default(),
             proxy_errors: Family::default(),
             resolutions: Family::default(),
@@ -131,6 +134,7 @@ impl ProxyMetrics {
             healthy: self.healthy.get_or_create(&labels).clone(),
             connections_open: self.connections_open.get_or_create(&labels).clone(),
             connections_idle: self.connections_idle.get_or_create(&labels).clone(),
+            queued: self.queued.get_or_create(&labels).clone(),
             retries: self.retries.get_or_create(&labels).clone(),
             metrics: self.clone(),
             labels,
@@ -178,6 +182,11 @@ impl ProxyMetrics {
             "upstream_connections_idle",
             "Idle keep-alive connections to the upstream server",
             self.connections_idle.clone(),
+        );
+        r.register(
+            "upstream_queued",
+            "Requests waiting for a connection to the upstream server (at its max_conns)",
+            self.queued.clone(),
         );
         r.register(
             "upstream_retries",
@@ -263,6 +272,8 @@ pub struct ServerSeries {
     pub connections_open: Gauge,
     /// Of those, idle.
     pub connections_idle: Gauge,
+    /// Requests waiting for a connection.
+    pub queued: Gauge,
     /// Tries made again after one failed here.
     pub retries: Counter,
 }
@@ -316,6 +327,7 @@ impl Drop for ServerSeries {
         m.healthy.remove(l);
         m.connections_open.remove(l);
         m.connections_idle.remove(l);
+        m.queued.remove(l);
         m.retries.remove(l);
         for e in extra {
             match e {

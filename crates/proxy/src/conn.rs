@@ -100,6 +100,9 @@ pub(crate) struct UpstreamConn {
     /// It began with a client's PROXY protocol header: that client's only.
     pub private: bool,
     open: Gauge,
+    /// Its place under the server's `max_conns`, given back when it
+    /// closes (none for a health check's).
+    pub slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Its server's outages, and their count when it was opened.
     outages: Outages,
     opened_after: u64,
@@ -121,6 +124,7 @@ impl UpstreamConn {
             addr,
             private: false,
             open,
+            slot: None,
             opened_after: outages.count(),
             outages,
         }

@@ -25,6 +25,13 @@ pub enum Failure {
     TotalTimeout,
     /// The server closed the connection in the middle of a body.
     Truncated,
+    /// The server was at `max_conns` and its queue was full.
+    QueueFull,
+    /// The server was at `max_conns` for the whole `queue_timeout`.
+    QueueTimeout,
+    /// The proxy itself lacked what a connection takes (descriptors,
+    /// local ports, socket buffers): no fault of the server's.
+    LocalResources,
 }
 
 impl Failure {
@@ -41,14 +48,18 @@ impl Failure {
             Self::IdleTimeout => "idle_timeout",
             Self::TotalTimeout => "total_timeout",
             Self::Truncated => "truncated",
+            Self::QueueFull => "queue_full",
+            Self::QueueTimeout => "queue_timeout",
+            Self::LocalResources => "local_resources",
         }
     }
 
     /// The status the client gets when this happens before any response
-    /// byte: 503 without a server, 504 for the timeouts, else 502.
+    /// byte: 503 without a server or a connection to it (the queue, the
+    /// proxy's own resources), 504 for the timeouts, else 502.
     pub fn status(self) -> u16 {
         match self {
-            Self::NoServer => 503,
+            Self::NoServer | Self::QueueFull | Self::QueueTimeout | Self::LocalResources => 503,
             Self::ConnectTimeout
             | Self::ResponseTimeout
             | Self::IdleTimeout
@@ -60,12 +71,20 @@ impl Failure {
     /// Whether nothing of the request reached the server, so any request
     /// may go to another one.
     pub fn before_sending(self) -> bool {
-        matches!(self, Self::Connect | Self::ConnectTimeout | Self::Tls)
+        matches!(
+            self,
+            Self::Connect | Self::ConnectTimeout | Self::Tls | Self::LocalResources
+        )
     }
 
-    /// Whether the failure counts against the server (passive checks).
+    /// Whether the failure counts against the server (passive checks):
+    /// not a full queue (the server is busy, not failing) nor a lack of
+    /// the proxy's own resources.
     pub fn marks_server(self) -> bool {
-        !matches!(self, Self::NoServer)
+        !matches!(
+            self,
+            Self::NoServer | Self::QueueFull | Self::QueueTimeout | Self::LocalResources
+        )
     }
 }
 
@@ -81,5 +100,13 @@ mod tests {
         assert_eq!(Failure::BadResponse.reason(), "bad_response");
         assert!(Failure::Connect.before_sending());
         assert!(!Failure::Reset.before_sending());
+        for f in [
+            Failure::QueueFull,
+            Failure::QueueTimeout,
+            Failure::LocalResources,
+        ] {
+            assert_eq!(f.status(), 503);
+            assert!(!f.marks_server(), "{f:?}");
+        }
     }
 }

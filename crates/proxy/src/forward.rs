@@ -571,9 +571,12 @@ async fn exchange<'p, B: RequestBody>(
         pool.count_request(lease.server);
         let server_idx = lease.server;
         let server_name = || pool.servers.get(server_idx).map(|s| s.cfg.address.clone());
+        // `connect` bounds its wait in the server's queue (`queue_timeout`)
+        // and the connect itself (`connect_timeout`) each; this, the
+        // exchange's `deadline` over both.
         if let Err(f) = within(
             deadline,
-            pool.cfg.connect_timeout,
+            pool.cfg.queue_timeout + pool.cfg.connect_timeout,
             Failure::ConnectTimeout,
             pool.connect(&mut lease, p.conn),
         )

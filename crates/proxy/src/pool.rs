@@ -48,6 +48,13 @@ pub(crate) struct Server {
     pub(crate) outages: Outages,
     /// Idle keep-alive connections per thread slot.
     idle: Box<[Mutex<Vec<UpstreamConn>>]>,
+    /// `max_conns` places: each connection open to it (in use or idle,
+    /// health checks' aside) holds one until it closes.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Requests at the cap, waiting for a place. While any wait, a
+    /// connection done with is closed rather than kept idle (an idle one
+    /// would hold its place from them).
+    waiting: AtomicUsize,
     /// This server's series, looked up once (not per request: a lock and a
     /// hash of two strings each); gone with the last pool that has it.
     pub(crate) series: ServerSeries,
@@ -180,6 +187,8 @@ impl Pool {
                     check_ok: AtomicBool::new(check_ok),
                     outages: Outages::default(),
                     idle: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
+                    slots: Arc::new(tokio::sync::Semaphore::new(cfg.max_conns)),
+                    waiting: AtomicUsize::new(0),
                     series,
                 }
             })
@@ -272,18 +281,30 @@ impl Pool {
         let heed_marks = states
             .iter()
             .any(|&(checked, unmarked)| checked && unmarked);
-        let candidates: Vec<Candidate> = self
-            .servers
-            .iter()
-            .zip(&states)
-            .enumerate()
-            .map(|(i, (s, &(checked, unmarked)))| Candidate {
-                usable: !tried.contains(&i) && checked && (!heed_marks || unmarked),
-                weight: s.cfg.weight,
-                in_flight: s.in_flight.load(Ordering::Relaxed),
-            })
-            .collect();
-        let server = self.balancer.pick(&candidates, key)?;
+        // Servers below `max_conns` first; when all are at it, the
+        // request waits in the queue of the one picked among them all.
+        let candidates = |below_cap: bool| -> Vec<Candidate> {
+            self.servers
+                .iter()
+                .zip(&states)
+                .enumerate()
+                .map(|(i, (s, &(checked, unmarked)))| {
+                    let in_flight = s.in_flight.load(Ordering::Relaxed);
+                    Candidate {
+                        usable: !tried.contains(&i)
+                            && checked
+                            && (!heed_marks || unmarked)
+                            && (!below_cap || in_flight < self.cfg.max_conns),
+                        weight: s.cfg.weight,
+                        in_flight,
+                    }
+                })
+                .collect()
+        };
+        let server = match self.balancer.pick(&candidates(true), key) {
+            Some(i) => i,
+            None => self.balancer.pick(&candidates(false), key)?,
+        };
         let s = self.servers.get(server)?;
         s.in_flight.fetch_add(1, Ordering::Relaxed);
         Some(Lease {
@@ -357,6 +378,7 @@ impl Pool {
                 }
             }
         }
+        let slot = self.slot(s).await?;
         let opened = tokio::time::timeout(
             self.cfg.connect_timeout,
             self.open(lease.server, header.as_deref()),
@@ -366,12 +388,66 @@ impl Pool {
             Ok(Ok(mut c)) => {
                 // It introduced this client: its connection alone.
                 c.private = header.is_some();
+                c.slot = Some(slot);
                 lease.conn = Some(c);
                 Ok(())
             }
             Ok(Err(f)) => Err(f),
             Err(_) => Err(Failure::ConnectTimeout),
         }
+    }
+
+    /// A place under server `s`'s `max_conns` for a new connection: at
+    /// once if one is free or an idle connection (of any thread) can be
+    /// closed for it, else after a wait in its queue of at most
+    /// `queue_timeout` (503 `queue_full` when `queue` requests already
+    /// wait, `queue_timeout` when none frees in time).
+    async fn slot(&self, s: &Server) -> Result<tokio::sync::OwnedSemaphorePermit, Failure> {
+        if let Ok(p) = s.slots.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        // Counted as waiting before the idle lists are looked at: a
+        // connection checked in from now on is closed, not kept (see
+        // `check_in`), so none can hold a place while this waits.
+        let ahead = s.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&s.waiting);
+        loop {
+            if let Ok(p) = s.slots.clone().try_acquire_owned() {
+                return Ok(p);
+            }
+            if !self.close_one_idle(s) {
+                break;
+            }
+        }
+        if ahead >= self.cfg.queue {
+            return Err(Failure::QueueFull);
+        }
+        // Also off the gauge when the wait is called off (a client that
+        // left, the exchange's deadline).
+        s.series.queued.inc();
+        let _queued = Queued(&s.series.queued);
+        let waited =
+            tokio::time::timeout(self.cfg.queue_timeout, s.slots.clone().acquire_owned()).await;
+        match waited {
+            Ok(Ok(p)) => Ok(p),
+            // The semaphore is never closed.
+            Ok(Err(_)) => Err(Failure::NoServer),
+            Err(_) => Err(Failure::QueueTimeout),
+        }
+    }
+
+    /// Closes one idle connection to `s` from any thread's list, giving
+    /// its place back; `false` when there was none.
+    fn close_one_idle(&self, s: &Server) -> bool {
+        for list in &s.idle {
+            let popped = list.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            if let Some(c) = popped {
+                s.series.connections_idle.dec();
+                drop(c);
+                return true;
+            }
+        }
+        false
     }
 
     /// Opens a connection to server `i`: TCP, the PROXY protocol `header`
@@ -383,10 +459,9 @@ impl Pool {
     ) -> Result<UpstreamConn, Failure> {
         let s = self.servers.get(i).ok_or(Failure::NoServer)?;
         let addr = s.addr();
-        let mut tcp = TcpStream::connect(addr).await.map_err(|e| {
-            tracing::debug!(pool = %self.cfg.name, server = %s.cfg.address, "connect: {e}");
-            Failure::Connect
-        })?;
+        let mut tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|e| self.connect_error(s, &e))?;
         let _ = tcp.set_nodelay(true);
         if let Some(h) = header {
             // Before any byte of TLS: the header is the connection's first.
@@ -426,6 +501,22 @@ impl Pool {
         ))
     }
 
+    /// What a failed `connect` is: the server's failure, or a lack of the
+    /// proxy's own resources (descriptors, local ports, buffers), which
+    /// says nothing of the server and must not take it out of service.
+    fn connect_error(&self, s: &Server, e: &std::io::Error) -> Failure {
+        match local_shortage(e) {
+            Some(what) => {
+                warn_local_shortage(&self.cfg.name, &s.cfg.address, what, e);
+                Failure::LocalResources
+            }
+            None => {
+                tracing::debug!(pool = %self.cfg.name, server = %s.cfg.address, "connect: {e}");
+                Failure::Connect
+            }
+        }
+    }
+
     /// The PROXY protocol header of a connection the proxy opens for
     /// itself (a health check), if the pool sends one.
     pub(crate) fn own_header(&self) -> Option<Vec<u8>> {
@@ -445,7 +536,14 @@ impl Pool {
         if self.is_retired() {
             return;
         }
+        // Requests wait for a place: this connection's, closed now, is
+        // theirs (kept idle, it would hold it). Under the list's lock
+        // below for the shared lists, so that a request that begins to
+        // wait either finds it in a list or sees it closed.
         if conn.private {
+            if s.waiting.load(Ordering::SeqCst) > 0 {
+                return;
+            }
             client.keep(self.id, conn, (self.cfg.idle_timeout, self.cfg.max_idle));
             return;
         }
@@ -454,7 +552,7 @@ impl Pool {
         };
         let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
         // Under the lock: `retire` empties every list after setting it.
-        if self.is_retired() {
+        if self.is_retired() || s.waiting.load(Ordering::SeqCst) > 0 {
             return;
         }
         // Expired ones first, so the list does not fill with dead ones
@@ -590,6 +688,69 @@ impl Pool {
             s.series.healthy.set(i64::from(self.in_service(i)));
         }
     }
+}
+
+/// Counts a request waiting for a place while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Keeps a request on the `queued` gauge while it lives.
+struct Queued<'a>(&'a tlsgate_metrics::types::Gauge);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// What ran out when `connect` failed for want of the proxy's own
+/// resources (Linux errno values, as in the server's accept loop), or
+/// `None` for an error that may be the server's.
+fn local_shortage(e: &std::io::Error) -> Option<&'static str> {
+    const ENOMEM: i32 = 12;
+    const ENFILE: i32 = 23;
+    const EMFILE: i32 = 24;
+    const EADDRNOTAVAIL: i32 = 99;
+    const ENOBUFS: i32 = 105;
+    match e.raw_os_error()? {
+        EMFILE => Some("file descriptors (EMFILE: the process's RLIMIT_NOFILE)"),
+        ENFILE => Some("file descriptors (ENFILE: the system's file table)"),
+        EADDRNOTAVAIL => Some("local ports or addresses (EADDRNOTAVAIL)"),
+        ENOBUFS => Some("socket buffers (ENOBUFS)"),
+        ENOMEM => Some("memory (ENOMEM)"),
+        _ => None,
+    }
+}
+
+/// Warns that connections to upstream servers failed for want of the
+/// proxy's own resources: at most once per 10 s, with how many failed
+/// since the last warning.
+fn warn_local_shortage(pool: &str, server: &str, what: &str, e: &std::io::Error) {
+    static LAST: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    let count = match &mut *last {
+        Some((at, n)) if now.saturating_duration_since(*at) < Duration::from_secs(10) => {
+            *n += 1;
+            return;
+        }
+        Some((_, n)) => std::mem::take(n) + 1,
+        None => 1,
+    };
+    *last = Some((now, 0));
+    drop(last);
+    tracing::warn!(
+        pool,
+        server,
+        "cannot connect to upstream servers: the proxy ran out of {what} ({e}); \
+         {count} connect(s) failed so since the last warning, answered 503 \
+         (upstream_error=local_resources) without marking the servers down"
+    );
 }
 
 /// Every pool of a generation, by `[[upstream]]` index.

@@ -20,9 +20,11 @@ const PER_WORKER: u64 = 8;
 /// The most descriptors `config` may hold open, by what holds them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Needed {
-    /// `max_connections`, twice when a route proxies (one upstream
-    /// connection per client connection).
+    /// `max_connections`.
     pub connections: u64,
+    /// Upstream connections: each server's `max_conns`, plus one for its
+    /// health check.
+    pub upstream: u64,
     /// `open_file_cache` × workers × document roots.
     pub cache: u64,
     /// One listening socket per address and worker (`SO_REUSEPORT`).
@@ -39,10 +41,18 @@ impl Needed {
             config.listeners.iter().map(|l| l.root.as_path()).collect();
         roots.sort();
         roots.dedup();
-        let per_conn = if config.upstreams.is_empty() { 1 } else { 2 };
+        let upstream = config
+            .upstreams
+            .iter()
+            .map(|u| {
+                let checks = usize::from(u.health_check.is_some());
+                n(u.servers.len()).saturating_mul(n(u.max_conns).saturating_add(n(checks)))
+            })
+            .fold(0u64, u64::saturating_add);
         let addrs: usize = config.listeners.iter().map(|l| l.addrs.len()).sum();
         Needed {
-            connections: n(config.limits.max_connections).saturating_mul(per_conn),
+            connections: n(config.limits.max_connections),
+            upstream,
             cache: config.open_file_cache.map_or(0, |c| {
                 n(c.entries.get())
                     .saturating_mul(workers)
@@ -55,6 +65,7 @@ impl Needed {
 
     pub(crate) fn total(&self) -> u64 {
         self.connections
+            .saturating_add(self.upstream)
             .saturating_add(self.cache)
             .saturating_add(self.listeners)
             .saturating_add(self.base)
@@ -73,19 +84,15 @@ pub(crate) fn check(config: &Config, nofile: Nofile) -> Needed {
             limit,
             needed = need.total(),
             "this configuration may hold up to {} file descriptors but RLIMIT_NOFILE \
-             (raised to the hard limit) is {limit}: {} for [limits] max_connections{}, \
-             {} for [files] open_file_cache × {} workers × document roots, {} listener \
+             (raised to the hard limit) is {limit}: {} for [limits] max_connections, \
+             {} for upstream connections ([[upstream]] max_conns × servers), {} for [files] open_file_cache × {} workers × document roots, {} listener \
              sockets, {} for the rest. Past the limit, requests for files are answered \
-             503 and new connections are refused: lower max_connections, \
+             503 and new connections are refused: lower max_connections, max_conns, \
              open_file_cache or server.workers, or raise the hard limit \
              (LimitNOFILE= in the systemd unit, ulimit -Hn); see docs/config.md",
             need.total(),
             need.connections,
-            if config.upstreams.is_empty() {
-                ""
-            } else {
-                " (× 2: routes proxy)"
-            },
+            need.upstream,
             need.cache,
             config.workers,
             need.listeners,

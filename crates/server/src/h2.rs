@@ -124,6 +124,9 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     guard::send_at_turn_end(&conn);
     let mut shutdown = cx.shutdown.clone();
     let budget = SendBudget::new(h2c);
+    // Streams forwarded to upstream pools at once (`max_proxied_streams`):
+    // one connection's many streams cannot take a whole pool.
+    let proxied = tokio::sync::Semaphore::new(h2c.max_proxied_streams as usize);
     let mut streams = FuturesUnordered::new();
     let mut served: u64 = 0;
     // Set once GOAWAY went out: no new streams, the open ones finish.
@@ -197,7 +200,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
                         Some(Ok((req, respond))) => {
                             served += 1;
                             m.h2_streams.inc();
-                            streams.push(serve_stream(cx, req, respond, &budget));
+                            streams.push(serve_stream(cx, req, respond, &budget, &proxied));
                             // After a reload the connection's streams still
                             // meet the old generation (its pools, its files):
                             // GOAWAY brings the client back to the new one.
@@ -421,6 +424,7 @@ async fn serve_stream(
     req: http::Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
     budget: &SendBudget,
+    proxied: &tokio::sync::Semaphore,
 ) {
     let m = &cx.shared.metrics;
     m.h2_streams_open.inc();
@@ -501,7 +505,7 @@ async fn serve_stream(
                 &method,
                 body,
                 respond,
-                (pool, max_body),
+                (pool, max_body, proxied),
             ))
             .await;
             let logged = Logged {

@@ -897,3 +897,222 @@ fn h2spec_passes_in_strict_mode_on_a_listener_whose_routes_go_to_a_pool() {
     // The streams h2spec opened went through the proxy.
     assert!(a.requests.load(Ordering::Relaxed) >= 10, "{text}");
 }
+
+/// Connections to `u` open now: accepted, less those that ended.
+fn upstream_open(u: &Upstream) -> usize {
+    u.conns.load(Ordering::SeqCst) - u.closed.load(Ordering::SeqCst)
+}
+
+/// Descriptors the process `pid` has open.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// The sum of the metric samples whose line has every one of `needles`.
+fn metric_sum(s: &Server, needles: &[&str]) -> f64 {
+    s.admin_get("/metrics")
+        .lines()
+        .filter(|l| !l.starts_with('#') && needles.iter().all(|n| l.contains(n)))
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// `n` streams at once on each of `conns` connections, each `GET path`:
+/// their statuses.
+async fn streams_at_once(addr: SocketAddr, conns: usize, n: usize, path: &str) -> Vec<u16> {
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let c = h2_client(addr).await;
+        for _ in 0..n {
+            let (c, path) = (c.clone(), path.to_string());
+            tasks.push(tokio::spawn(
+                async move { exchange(&c, get(&path), None).await },
+            ));
+        }
+    }
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap().status);
+    }
+    statuses
+}
+
+#[test]
+fn streams_of_many_connections_share_max_conns_and_the_rest_wait_their_turn() {
+    // 4 connections × 128 streams to a slow route: one upstream
+    // connection per stream would be 512 (and as many descriptors); the
+    // server's `max_conns` holds them at 8, the rest wait in its queue and
+    // are all served, and a static file is served meanwhile.
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool(
+        "app",
+        &[(a.address(), 1)],
+        "max_conns = 8\nqueue_timeout = \"60s\"",
+        "",
+    );
+    let s = start(
+        &fx,
+        "[access_log]\ntarget = \"off\"\n[http2]\nmax_concurrent_streams = 128\nmax_proxied_streams = 128",
+        &pools,
+        &route("/sleep", "app", ""),
+    );
+    let before = fds(s.pid());
+    let addr = s.addr;
+    let load =
+        std::thread::spawn(move || rt().block_on(streams_at_once(addr, 4, 128, "/sleep?ms=100")));
+    let queued = format!(
+        "tlsgate_upstream_queued{{pool=\"app\",server=\"{}\"}}",
+        a.address()
+    );
+    let (mut most_open, mut most_fds, mut most_queued) = (0, 0, 0.0f64);
+    let mut static_took = None;
+    while !load.is_finished() {
+        most_open = most_open.max(upstream_open(&a));
+        most_fds = most_fds.max(fds(s.pid()));
+        if a.requests.load(Ordering::SeqCst) > 16 && static_took.is_none() {
+            most_queued = most_queued.max(s.metric(&queued));
+            let t0 = Instant::now();
+            let (code, _, body) = curl2(&s, &[&s.url("/hello.txt")]);
+            assert_eq!(code, "200");
+            assert_eq!(body, common::HELLO.as_bytes());
+            static_took = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let statuses = load.join().unwrap();
+    assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
+    assert_eq!(a.requests.load(Ordering::SeqCst), 512);
+    assert!(
+        most_open <= 8,
+        "{most_open} upstream connections open at once"
+    );
+    // The listener's 4 + 1 client connections, 8 upstream, some slack.
+    assert!(
+        most_fds <= before + 8 + 5 + 4,
+        "{most_fds} descriptors (from {before})"
+    );
+    assert!(most_queued > 0.0, "nothing was seen queued");
+    let took = static_took.expect("the load ended before a static file was asked for");
+    assert!(took < Duration::from_secs(2), "static file took {took:?}");
+    s.expect_metric_line(&format!("{queued} 0\n"));
+}
+
+#[test]
+fn a_full_queue_and_a_queue_timeout_are_503s_with_their_reason_and_mark_nothing() {
+    // max_conns 2, queue 3: of 8 streams at once, 2 are served, 3 wait and
+    // give up after queue_timeout, 3 find the queue full at once.
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool(
+        "app",
+        &[(a.address(), 1)],
+        "max_conns = 2\nqueue = 3\nqueue_timeout = \"500ms\"\nmax_fails = 1\nretries = 0",
+        "",
+    );
+    let s = start(&fx, "", &pools, &route("/", "app", ""));
+    let t0 = Instant::now();
+    let statuses = rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let r = exchange(&c, get("/sleep?ms=1500"), None).await;
+                (i, r.status, t0.elapsed())
+            }));
+            // In order: the first two take the connections.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    });
+    let ok: Vec<_> = statuses.iter().filter(|s| s.1 == 200).collect();
+    let refused: Vec<_> = statuses.iter().filter(|s| s.1 == 503).collect();
+    assert_eq!((ok.len(), refused.len()), (2, 6), "{statuses:?}");
+    s.wait_access_line(&[
+        "\"GET /sleep?ms=1500 HTTP/2.0\" 503",
+        "upstream_error=queue_full",
+    ]);
+    s.wait_access_line(&[
+        "\"GET /sleep?ms=1500 HTTP/2.0\" 503",
+        "upstream_error=queue_timeout",
+    ]);
+    let server = format!("server=\"{}\"", a.address());
+    for kind in ["queue_full", "queue_timeout"] {
+        let want = format!("reason=\"{kind}\"");
+        assert_eq!(
+            metric_sum(&s, &["tlsgate_proxy_errors_total", "status=\"503\"", &want]),
+            3.0,
+            "{kind}"
+        );
+        let want = format!("kind=\"{kind}\"");
+        assert_eq!(
+            metric_sum(&s, &["tlsgate_upstream_errors_total", &server, &want]),
+            3.0,
+            "{kind}"
+        );
+    }
+    // Waiting in the queue took its timeout; a full queue answered at once.
+    let mut waits: Vec<Duration> = refused.iter().map(|s| s.2).collect();
+    waits.sort();
+    assert!(waits[2] < Duration::from_millis(400), "{statuses:?}");
+    assert!(waits[3] >= Duration::from_millis(500), "{statuses:?}");
+    // A busy server is not a failing one (max_fails = 1).
+    s.expect_metric_line(&format!(
+        "tlsgate_upstream_healthy{{pool=\"app\",{server}}} 1\n"
+    ));
+    assert!(!s.log().contains("upstream server out"), "{}", s.log());
+    rt().block_on(async {
+        let c = h2_client(s.addr).await;
+        assert_eq!(exchange(&c, get("/id"), None).await.status, 200);
+    });
+}
+
+#[test]
+fn one_connection_forwards_at_most_max_proxied_streams_at_once() {
+    // 16 streams on one connection with max_proxied_streams = 4: at most 4
+    // upstream connections, the rest wait for a place and are all served;
+    // another connection is not held up by them.
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let s = start(
+        &fx,
+        "[http2]\nmax_proxied_streams = 4",
+        &pools,
+        &route("/", "app", ""),
+    );
+    let addr = s.addr;
+    let t0 = Instant::now();
+    let load =
+        std::thread::spawn(move || rt().block_on(streams_at_once(addr, 1, 16, "/sleep?ms=300")));
+    let mut most_open = 0;
+    let mut other_took = None;
+    while !load.is_finished() {
+        most_open = most_open.max(upstream_open(&a));
+        if a.requests.load(Ordering::SeqCst) >= 2 && other_took.is_none() {
+            other_took = Some(rt().block_on(async {
+                let c = h2_client(addr).await;
+                let t = Instant::now();
+                assert_eq!(exchange(&c, get("/id"), None).await.status, 200);
+                t.elapsed()
+            }));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let statuses = load.join().unwrap();
+    let took = t0.elapsed();
+    assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
+    assert!(
+        most_open <= 5,
+        "{most_open} upstream connections open at once"
+    );
+    // Four rounds of 300 ms.
+    assert!(took >= Duration::from_millis(1150), "{took:?}");
+    let other = other_took.expect("the load ended first");
+    assert!(other < Duration::from_millis(250), "{other:?}");
+}

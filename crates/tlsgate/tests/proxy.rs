@@ -1704,3 +1704,106 @@ fn many_interim_responses_before_the_final_one_are_skipped() {
     assert_eq!(r.status, 200);
     assert_eq!(body_text(&r), "done");
 }
+
+/// Descriptors the process `pid` has open.
+fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// The sum of the metric samples whose line has every one of `needles`.
+fn metric_sum(s: &Server, needles: &[&str]) -> f64 {
+    s.admin_get("/metrics")
+        .lines()
+        .filter(|l| !l.starts_with('#') && needles.iter().all(|n| l.contains(n)))
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_connect_that_finds_no_descriptor_is_503_and_puts_no_server_out() {
+    // tlsgate under RLIMIT_NOFILE 128, its descriptors taken by idle
+    // client connections: connects to the upstream fail with EMFILE. They
+    // are answered 503 local_resources and do not count against the
+    // server (max_fails = 1): once descriptors are free the next request
+    // goes through at once, and the server was never out.
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool(
+        "app",
+        &[(a.address(), 1)],
+        "max_fails = 1\nretries = 0\nmax_idle = 0",
+        "",
+    );
+    let config = fx.write_config(&fx.config(
+        &format!("[server]\nworkers = 1\n{NO_RATE_LIMIT}max_handshakes_per_source = 0\n{pools}"),
+        &route("/", "app", ""),
+    ));
+    let limit = 128;
+    let s = Server::spawn_under(
+        &["prlimit", &format!("--nofile={limit}:{limit}"), "--"],
+        &["serve", "--config", config.to_str().unwrap()],
+    );
+    let pid = s.pid();
+    let mut client = tls_connect(s.addr);
+    assert_eq!(get(&mut client, "/id", "").unwrap().status, 200);
+    // Idle TCP connections (no TLS handshake) until the process is out.
+    let mut hogs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fds(pid) < limit {
+        assert!(Instant::now() < deadline, "{} descriptors", fds(pid));
+        hogs.push(std::net::TcpStream::connect(s.addr).unwrap());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Some more wait in the backlog.
+    for _ in 0..4 {
+        hogs.push(std::net::TcpStream::connect(s.addr).unwrap());
+    }
+    for i in 0..3 {
+        let r = get(&mut client, "/id", "").unwrap();
+        assert_eq!(r.status, 503, "request {i}: {}", r.head);
+    }
+    s.wait_access_line(&["\"GET /id HTTP/1.1\" 503", "upstream_error=local_resources"]);
+    drop(hogs);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fds(pid) > limit - 32 {
+        assert!(Instant::now() < deadline, "{} descriptors", fds(pid));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t0 = Instant::now();
+    let r = get(&mut client, "/id", "").unwrap();
+    assert_eq!((r.status, body_text(&r).as_str()), (200, "a"));
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    let server = format!("server=\"{}\"", a.address());
+    s.expect_metric_line(&format!(
+        "tlsgate_upstream_healthy{{pool=\"app\",{server}}} 1\n"
+    ));
+    assert_eq!(
+        metric_sum(
+            &s,
+            &[
+                "tlsgate_upstream_errors_total",
+                &server,
+                "kind=\"local_resources\""
+            ]
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric_sum(
+            &s,
+            &[
+                "tlsgate_proxy_errors_total",
+                "status=\"503\"",
+                "reason=\"local_resources\""
+            ]
+        ),
+        3.0
+    );
+    let log = s.log();
+    assert!(!log.contains("upstream server out"), "{log}");
+    assert_eq!(
+        log.matches("ran out of file descriptors (EMFILE").count(),
+        1,
+        "{log}"
+    );
+}

@@ -37,14 +37,15 @@ pub(super) struct Answered {
 /// reason logged.
 struct Unfit(u16, &'static str);
 
-/// Forwards a stream routed to `pool` and answers it.
+/// Forwards a stream routed to `pool` and answers it, once one of its
+/// connection's `proxied` places is free (`http2.max_proxied_streams`).
 pub(super) async fn serve(
     cx: &HttpCtx<'_>,
     parts: &http::request::Parts,
     method: &Method,
     body: RecvStream,
     mut respond: SendResponse<Bytes>,
-    (pool, max_body): (&Arc<Pool>, u64),
+    (pool, max_body, proxied): (&Arc<Pool>, u64, &tokio::sync::Semaphore),
 ) -> Answered {
     let is_head = method == &Method::Head;
     let h = &parts.headers;
@@ -98,7 +99,22 @@ pub(super) async fn serve(
         send: None,
         progress: SendProgress::new(limits.send_timeout),
     };
-    let outcome = tlsgate_proxy::forward_stream(pool, &req, &mut body, &mut client).await;
+    // The stream waits for a place among its connection's proxied
+    // streams (its body unread, its window not given back), or until the
+    // client resets it.
+    let place = tokio::select! {
+        p = proxied.acquire() => p.ok(),
+        () = client.cancelled() => None,
+    };
+    let outcome = match place {
+        Some(_place) => tlsgate_proxy::forward_stream(pool, &req, &mut body, &mut client).await,
+        None => Outcome::Refused {
+            status: CLIENT_CLOSED,
+            reason: SendError::Gone.reason(),
+            server: None,
+            body_done: false,
+        },
+    };
     // The request body is not read any further.
     drop(body);
     let m = &cx.shared.metrics;

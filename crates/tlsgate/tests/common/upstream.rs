@@ -427,6 +427,12 @@ fn serve_conn(
             "/echo" => chunked(&body),
             "/gen" => chunked(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
             "/len" => ok(&pattern(query.trim_start_matches("n=").parse().unwrap_or(0))),
+            // Answers after `ms` milliseconds.
+            "/sleep" => {
+                let ms = query.trim_start_matches("ms=").parse().unwrap_or(0);
+                std::thread::sleep(Duration::from_millis(ms));
+                ok(b"slept")
+            }
             "/slow" => {
                 std::thread::sleep(Duration::from_secs(3));
                 ok(b"late")
