@@ -230,25 +230,24 @@ fn check_combined(r: &Record<'_>, secs: u64, line: &str) {
         "{line:?}"
     );
 
-    // The proxy's notes: unquoted, spaces as they are (the values are a
-    // configured host:port and a fixed reason, neither with spaces).
+    // The proxy's notes: unquoted, one field each whatever they hold
+    // (spaces escaped as in the user field, `-` when empty).
     let notes: Vec<(&str, &str)> = [
         ("upstream", r.upstream),
         ("upstream_error", r.upstream_error),
     ]
     .into_iter()
     .filter_map(|(k, v)| Some((k, v?)))
+    .map(|(k, v)| (k, if v.is_empty() { "-" } else { v }))
     .collect();
     let raw: String = notes.iter().map(|(k, v)| format!(" {k}={v}")).collect();
     assert_eq!(unescape(trailer), whole(raw.as_bytes()), "notes: {line:?}");
-    if notes.iter().all(|(_, v)| !v.contains(' ')) {
-        let tokens: Vec<&str> = trailer.split(' ').skip(1).collect();
-        assert_eq!(tokens.len(), notes.len(), "notes: {line:?}");
-        for (token, (k, v)) in tokens.iter().zip(&notes) {
-            let (key, value) = cut(token, "=", line);
-            assert_eq!(key, *k, "{line:?}");
-            assert_eq!(unescape(value), whole(v.as_bytes()), "{k}: {line:?}");
-        }
+    let tokens: Vec<&str> = trailer.split(' ').skip(1).collect();
+    assert_eq!(tokens.len(), notes.len(), "notes: {line:?}");
+    for (token, (k, v)) in tokens.iter().zip(&notes) {
+        let (key, value) = cut(token, "=", line);
+        assert_eq!(key, *k, "{line:?}");
+        assert_eq!(unescape(value), whole(v.as_bytes()), "{k}: {line:?}");
     }
 }
 
