@@ -422,20 +422,6 @@ fn a_bad_key_file_stops_the_start_naming_file_and_key() {
     check_config_passes(&cfg);
 }
 
-/// `tlsgate check-config CFG`; panics unless it passes.
-fn check_config_passes(cfg: &Path) {
-    let out = Command::new(bin())
-        .arg("check-config")
-        .arg(cfg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A key file another user owns, or one in a directory others may write
 /// (no sticky bit), is refused at start naming the file and what is wrong
 /// (OpenSSH's StrictModes); `server.user`'s own file is fine, and root

@@ -456,27 +456,29 @@ fn full_handshake(addr: std::net::SocketAddr, retried: bool) -> Result<Handshake
 /// at once. Signing used to block the worker's thread until the answer,
 /// and still did for a client asked to retry its ClientHello (the second
 /// hello was processed outside the suspendable call).
+/// Asks for /hello.txt on `s` and reads until its body has come.
+fn hello_answered(s: &mut TlsStream) -> Result<(), String> {
+    s.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(HELLO.as_bytes()) {
+        match s.read(&mut buf) {
+            Ok(0) => return Err("closed".into()),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn a_handshake_waiting_for_its_signature_does_not_hold_up_the_worker() {
     let fx = Fixture::new();
     let top = "[server]\nworkers = 1\nkey_timeout = \"20s\"\n\n[tls]\nkey_exchange_groups = [\"X25519\", \"secp256r1\"]\n";
     let server = Server::start(&fx, &fx.config(top, ""));
-    let get = "GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    let answer = |s: &mut TlsStream| -> Result<(), String> {
-        s.write_all(get.as_bytes()).map_err(|e| e.to_string())?;
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !got.ends_with(HELLO.as_bytes()) {
-            match s.read(&mut buf) {
-                Ok(0) => return Err("closed".into()),
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        Ok(())
-    };
     let mut kept = tls_connect(server.addr);
-    answer(&mut kept).unwrap();
+    hello_answered(&mut kept).unwrap();
     let (_, ks) = key_processes(&server);
     let sig = |s: &str| {
         assert!(Command::new("kill")
@@ -499,7 +501,7 @@ fn a_handshake_waiting_for_its_signature_does_not_hold_up_the_worker() {
             .set_read_timeout(Some(Duration::from_secs(3)))
             .unwrap();
         let t0 = Instant::now();
-        let served = answer(&mut kept);
+        let served = hello_answered(&mut kept);
         let took = t0.elapsed();
         let still_waiting = !waiting.is_finished();
         sig("-CONT");
@@ -819,20 +821,6 @@ fn an_upstream_client_signature_does_not_hold_up_the_worker() {
     );
     let upstream = mtls_upstream(vec![srv_cert], srv_key, &ca.0, rustls::DEFAULT_VERSIONS);
     let server = behind_an_mtls_upstream(&fx, upstream);
-    let file = "GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    let answer = |s: &mut TlsStream| -> Result<(), String> {
-        s.write_all(file.as_bytes()).map_err(|e| e.to_string())?;
-        let mut got = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !got.ends_with(HELLO.as_bytes()) {
-            match s.read(&mut buf) {
-                Ok(0) => return Err("closed".into()),
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-                Err(e) => return Err(e.to_string()),
-            }
-        }
-        Ok(())
-    };
     // Both open before, both used once (A through the pool: its key
     // server running, the client signature comes at once).
     let mut a = tls_connect(server.addr);
@@ -844,7 +832,7 @@ fn an_upstream_client_signature_does_not_hold_up_the_worker() {
         r.head
     );
     let mut kept = tls_connect(server.addr);
-    answer(&mut kept).unwrap();
+    hello_answered(&mut kept).unwrap();
     let (_, ks) = key_processes(&server);
     let sig = |s: &str| {
         assert!(Command::new("kill")
@@ -865,7 +853,7 @@ fn an_upstream_client_signature_does_not_hold_up_the_worker() {
         .set_read_timeout(Some(Duration::from_secs(3)))
         .unwrap();
     let t0 = Instant::now();
-    let served = answer(&mut kept);
+    let served = hello_answered(&mut kept);
     let took = t0.elapsed();
     let still_waiting = !waiting.is_finished();
     sig("-CONT");

@@ -660,17 +660,7 @@ fn entries_named_by_their_certificates_may_differ_in_client_auth() {
             secure.cert, secure.key, p.ca
         ),
     );
-    let path = fx.write_config(&text);
-    let out = Command::new(bin())
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    check_config_passes(&fx.write_config(&text));
     let s = Server::start(&fx, &text);
     // localhost: no client certificate needed.
     let out = curl_as(&s, "localhost", None, &[]);

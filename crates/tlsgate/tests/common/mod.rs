@@ -147,6 +147,38 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_tlsgate")
 }
 
+/// `tlsgate check-config CONFIG`, which must pass.
+pub fn check_config_passes(config: &Path) {
+    let out = Command::new(bin())
+        .arg("check-config")
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        config.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `check-config` and `serve` on `config`: each must refuse it with exit
+/// 2, before listening. Their error output, in that order.
+pub fn refused_by_check_config_and_serve(config: &Path) -> [(&'static str, String); 2] {
+    ["check-config", "serve"].map(|cmd| {
+        let mut c = Command::new(bin());
+        c.arg(cmd);
+        if cmd == "serve" {
+            c.arg("--config");
+        }
+        let out = c.arg(config).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{cmd}: {err}");
+        assert!(!err.contains("listening on"), "{cmd}: {err}");
+        (cmd, err)
+    })
+}
+
 impl Server {
     /// Starts `tlsgate serve --config FILE` and waits until it listens.
     pub fn start(fixture: &Fixture, config: &str) -> Server {
