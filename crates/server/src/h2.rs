@@ -489,9 +489,7 @@ async fn serve_stream(
     };
     let (root, early) = match routed {
         // A proxied request's Host is checked (and logged) by the proxy.
-        crate::proxy::Routed::Root(root) if host_conflict(h, authority_of(&parts)) => {
-            (root, Some(400))
-        }
+        crate::proxy::Routed::Root(root) if request_host(&parts).is_err() => (root, Some(400)),
         crate::proxy::Routed::Root(root) => (root, None),
         crate::proxy::Routed::Refused(status) => (&cx.site.root, Some(status)),
         crate::proxy::Routed::Pool(pool, max_body) => {
@@ -610,20 +608,26 @@ fn malformed(parts: &http::request::Parts) -> Option<&'static str> {
     None
 }
 
-/// The request's `:authority`.
-fn authority_of(parts: &http::request::Parts) -> Option<&[u8]> {
-    parts.uri.authority().map(|a| a.as_str().as_bytes())
-}
-
-/// Whether `Host` fields contradict `:authority`, or each other: two of
-/// them, or one naming another entity (RFC 9113 §8.3.1). The proxy does
-/// the same for proxied routes, with reasons of its own in the log.
-fn host_conflict(h: &HeaderMap, authority: Option<&[u8]>) -> bool {
-    let mut hosts = h.get_all(header::HOST).iter().map(HeaderValue::as_bytes);
-    match (hosts.next(), hosts.next(), authority) {
-        (Some(_), Some(_), _) => true,
-        (Some(host), None, Some(a)) => !a.eq_ignore_ascii_case(host),
-        _ => false,
+/// The host a request names: its `:authority`, else its one `Host`
+/// field; `Err` (the reason for the log) when `Host` fields contradict
+/// `:authority` or each other (RFC 9113 §8.3.1). Static routes answer
+/// that with 400; the proxy too, and it also needs the host itself.
+fn request_host(parts: &http::request::Parts) -> Result<Option<&[u8]>, &'static str> {
+    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
+    let mut hosts = parts
+        .headers
+        .get_all(header::HOST)
+        .iter()
+        .map(HeaderValue::as_bytes);
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err("duplicate_host");
+    }
+    match (authority, host) {
+        // A Host that names another entity than :authority is malformed.
+        (Some(a), Some(h)) if !a.eq_ignore_ascii_case(h) => Err("host_mismatch"),
+        (Some(a), _) => Ok(Some(a)),
+        (None, h) => Ok(h),
     }
 }
 

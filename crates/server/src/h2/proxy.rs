@@ -205,21 +205,9 @@ fn translate<'a>(
         return Err(Unfit(405, "connect_refused"));
     }
     let h = &parts.headers;
-    let authority = parts.uri.authority().map(|a| a.as_str().as_bytes());
-    let mut hosts = h.get_all(header::HOST).iter().map(HeaderValue::as_bytes);
-    let (first_host, second_host) = (hosts.next(), hosts.next());
-    if second_host.is_some() {
-        return Err(Unfit(400, "duplicate_host"));
-    }
-    let host = match (authority, first_host) {
-        // A Host that names another entity than :authority is malformed.
-        (Some(a), Some(hv)) if !a.eq_ignore_ascii_case(hv) => {
-            return Err(Unfit(400, "host_mismatch"));
-        }
-        (Some(a), _) => a,
-        (None, Some(hv)) => hv,
-        (None, None) => return Err(Unfit(400, "no_authority")),
-    };
+    let host = super::request_host(parts)
+        .map_err(|reason| Unfit(400, reason))?
+        .ok_or(Unfit(400, "no_authority"))?;
     // Its syntax (a host, no userinfo) was checked before routing
     // (`serve_stream`); an empty Host names nothing to send upstream.
     if host.is_empty() {
