@@ -523,6 +523,18 @@ fn described_length(resp: &ResponseHead) -> Option<u64> {
     resp.declared_length()
 }
 
+/// Whether the connection may serve another request after this answer,
+/// as far as its head tells. Not after a bodiless answer (to a HEAD, a
+/// 304) whose head describes a body (a length above 0, or chunked): a
+/// server that sends that body anyway may send it after every check the
+/// idle pool makes, and the next request on the connection, perhaps
+/// another client's, would read it as its response.
+fn may_reuse(resp: &ResponseHead) -> bool {
+    let describes_a_body =
+        resp.declared_length().is_some_and(|n| n > 0) || resp.header("transfer-encoding").is_some();
+    resp.keep_alive() && !(resp.framing() == ResponseFraming::None && describes_a_body)
+}
+
 fn refused(status: u16, reason: &'static str, server: Option<String>, body_done: bool) -> Outcome {
     Outcome::Refused {
         status,
@@ -1604,7 +1616,7 @@ async fn relay<D: Downstream>(
     };
     // A request not sent whole leaves the upstream waiting for the rest:
     // that connection can serve nothing else.
-    let mut body = UpBody::new(framing, ubuf, resp.keep_alive() && body_done);
+    let mut body = UpBody::new(framing, ubuf, may_reuse(&resp) && body_done);
     let mut sent: u64 = 0;
     let mut data = Vec::new();
     loop {
@@ -1733,7 +1745,7 @@ async fn relay_stream<B: RequestBody, S: Responder>(
         client.abort();
         return aborted(0, "internal");
     };
-    let mut body = UpBody::new(framing, ubuf, resp.keep_alive());
+    let mut body = UpBody::new(framing, ubuf, may_reuse(&resp));
     let mut sent: u64 = 0;
     let (relayed, body_sent) = match upload {
         None => {

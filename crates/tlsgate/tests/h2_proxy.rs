@@ -899,8 +899,47 @@ fn h2spec_passes_in_strict_mode_on_a_listener_whose_routes_go_to_a_pool() {
 }
 
 /// Connections to `u` open now: accepted, less those that ended.
-fn upstream_open(u: &Upstream) -> usize {
-    u.conns.load(Ordering::SeqCst) - u.closed.load(Ordering::SeqCst)
+/// Connections the process `pid` holds open to `to` (IPv4): its socket
+/// descriptors whose peer is `to`. Counted on the proxy's side, because
+/// an upstream learns of a close only when it reads next, and on a busy
+/// machine it may accept a queued request's new connection first.
+fn held_to(pid: u32, to: &str) -> usize {
+    let Ok(SocketAddr::V4(to)) = to.parse() else {
+        panic!("{to}: IPv4 only")
+    };
+    let peer = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(to.ip().octets()),
+        to.port()
+    );
+    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|l| {
+                    let l = l.to_string_lossy().into_owned();
+                    Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    // Distinct inodes: the kernel builds the table a page at a time, and
+    // a socket that closes between two pages can show one twice.
+    let held: std::collections::HashSet<&str> = table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // Established or connecting: a closing socket may keep its
+            // inode in the table a while.
+            let inode = *f.get(9)?;
+            (f.get(2) == Some(&peer.as_str())
+                && matches!(f.get(3), Some(&"01" | &"02"))
+                && sockets.contains(inode))
+            .then_some(inode)
+        })
+        .collect();
+    held.len()
 }
 
 /// Descriptors the process `pid` has open.
@@ -968,7 +1007,7 @@ fn streams_of_many_connections_share_max_conns_and_the_rest_wait_their_turn() {
     let (mut most_open, mut most_fds, mut most_queued) = (0, 0, 0.0f64);
     let mut static_took = None;
     while !load.is_finished() {
-        most_open = most_open.max(upstream_open(&a));
+        most_open = most_open.max(held_to(s.pid(), &a.address()));
         most_fds = most_fds.max(fds(s.pid()));
         if a.requests.load(Ordering::SeqCst) > 16 && static_took.is_none() {
             most_queued = most_queued.max(s.metric(&queued));
@@ -984,12 +1023,14 @@ fn streams_of_many_connections_share_max_conns_and_the_rest_wait_their_turn() {
     assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
     assert_eq!(a.requests.load(Ordering::SeqCst), 512);
     assert!(
-        most_open <= 8,
+        (1..=8).contains(&most_open),
         "{most_open} upstream connections open at once"
     );
-    // The listener's 4 + 1 client connections, 8 upstream, some slack.
+    // The 4 + 1 client connections, 8 upstream, and slack for the
+    // admin connection, the file and those closing as others open (512
+    // without the cap).
     assert!(
-        most_fds <= before + 8 + 5 + 4,
+        most_fds <= before + 8 + 5 + 8,
         "{most_fds} descriptors (from {before})"
     );
     assert!(most_queued > 0.0, "nothing was seen queued");
@@ -1011,13 +1052,15 @@ fn a_full_queue_and_a_queue_timeout_are_503s_with_their_reason_and_mark_nothing(
         "",
     );
     let s = start(&fx, "", &pools, &route("/", "app", ""));
-    let t0 = Instant::now();
     let statuses = rt().block_on(async {
         let c = h2_client(s.addr).await;
         let mut tasks = Vec::new();
         for i in 0..8 {
             let c = c.clone();
+            // Each stream's own wait: on a busy machine the later ones
+            // start well after the first.
             tasks.push(tokio::spawn(async move {
+                let t0 = Instant::now();
                 let r = exchange(&c, get("/sleep?ms=1500"), None).await;
                 (i, r.status, t0.elapsed())
             }));
@@ -1093,7 +1136,7 @@ fn one_connection_forwards_at_most_max_proxied_streams_at_once() {
     let mut most_open = 0;
     let mut other_took = None;
     while !load.is_finished() {
-        most_open = most_open.max(upstream_open(&a));
+        most_open = most_open.max(held_to(s.pid(), &a.address()));
         if a.requests.load(Ordering::SeqCst) >= 2 && other_took.is_none() {
             other_took = Some(rt().block_on(async {
                 let c = h2_client(addr).await;
@@ -1108,7 +1151,7 @@ fn one_connection_forwards_at_most_max_proxied_streams_at_once() {
     let took = t0.elapsed();
     assert!(statuses.iter().all(|&st| st == 200), "{statuses:?}");
     assert!(
-        most_open <= 5,
+        (1..=5).contains(&most_open),
         "{most_open} upstream connections open at once"
     );
     // Four rounds of 300 ms.

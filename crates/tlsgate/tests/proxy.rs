@@ -938,14 +938,21 @@ fn dot_segments_cannot_lead_a_request_around_its_route() {
     assert_eq!(a.requests.load(Ordering::Relaxed), before + 1);
 }
 
-#[test]
-fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
+/// tlsgate proxying everything to upstream `a` (never marked out), and a
+/// client connection that has had one answer from it.
+fn one_server_never_marked() -> (Fixture, Upstream, Server, TlsStream) {
     let fx = Fixture::new();
     let a = Upstream::start("a", None);
     let pools = pool("app", &[(a.address(), 1)], "max_fails = 0", "");
     let server = start(&fx, "", &pools, &route("/", "app", ""));
     let mut s = tls_connect(server.addr);
     assert_eq!(get(&mut s, "/id", "").unwrap().status, 200);
+    (fx, a, server, s)
+}
+
+#[test]
+fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
+    let (_fx, a, server, mut s) = one_server_never_marked();
     for bad in [
         "/bad/clte",
         "/bad/dupcl",
@@ -993,20 +1000,7 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
         ("GET /bad/304extra HTTP/1.1\r\nHost: a\r\n\r\n", 304),
         ("HEAD /id HTTP/1.1\r\nHost: a\r\n\r\n", 200),
     ] {
-        let conns = a.conns.load(Ordering::Relaxed);
-        s.write_all(request.as_bytes()).unwrap();
-        s.flush().unwrap();
-        let r = read_response(&mut s, true).unwrap();
-        assert_eq!(r.status, status, "{request}: {}", r.head);
-        // Nothing of the surplus reached the client: the next response
-        // is the next request's.
-        let r = get(&mut s, "/id", "").unwrap();
-        assert_eq!((r.status, body_text(&r).as_str()), (200, "a"), "{request}");
-        assert_eq!(
-            a.conns.load(Ordering::Relaxed),
-            conns + 1,
-            "{request}: connection reused"
-        );
+        bodiless_then_the_next_request(&mut s, &a, request, status);
     }
     // Interim answers are skipped; the final one is relayed, alone.
     let r = get(&mut s, "/interim", "").unwrap();
@@ -1025,6 +1019,58 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     server.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 9",
     );
+}
+
+/// Sends `request`, whose answer (`status`) has no body whatever the
+/// server sends after its head, then `GET /id`: the surplus never reaches
+/// the client, the next response is the next request's (`a`'s id), and it
+/// went over a new upstream connection. Returns the first answer's head.
+fn bodiless_then_the_next_request(
+    s: &mut TlsStream,
+    a: &Upstream,
+    request: &str,
+    status: u16,
+) -> String {
+    let conns = a.conns.load(Ordering::Relaxed);
+    s.write_all(request.as_bytes()).unwrap();
+    s.flush().unwrap();
+    let first = read_response(s, true).unwrap();
+    assert_eq!(first.status, status, "{request}: {}", first.head);
+    let r = get(s, "/id", "").unwrap();
+    assert_eq!(
+        (r.status, body_text(&r).as_str()),
+        (200, "a"),
+        "{request}: the surplus was read as the next request's response"
+    );
+    assert_eq!(
+        a.conns.load(Ordering::Relaxed),
+        conns + 1,
+        "{request}: connection reused"
+    );
+    first.head
+}
+
+/// A server that sends the body a HEAD or 304 answer describes, but only
+/// after the pool's idle check, would have it read as the next request's
+/// response (perhaps another client's): such a connection is not reused.
+#[test]
+fn a_body_sent_late_after_a_bodiless_answer_is_never_read_as_a_response() {
+    let (_fx, a, _server, mut s) = one_server_never_marked();
+    for (request, status) in [
+        ("HEAD /bad/late-head-body HTTP/1.1\r\nHost: a\r\n\r\n", 200),
+        ("GET /bad/late-304-body HTTP/1.1\r\nHost: a\r\n\r\n", 304),
+    ] {
+        let head = bodiless_then_the_next_request(&mut s, &a, request, status);
+        assert!(head.contains("Content-Length: 43\r\n"), "{request}: {head}");
+    }
+    // An answer to HEAD that describes no body keeps its connection.
+    let conns = a.conns.load(Ordering::Relaxed);
+    s.write_all(b"HEAD /nothing HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
+    s.flush().unwrap();
+    assert_eq!(read_response(&mut s, true).unwrap().status, 404);
+    assert_eq!(body_text(&get(&mut s, "/id", "").unwrap()), "a");
+    assert_eq!(a.conns.load(Ordering::Relaxed), conns);
 }
 
 /// A bodiless answer passes on the length it describes as one value

@@ -478,6 +478,19 @@ fn serve_conn(
             "/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </x.css>; rel=preload\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
             // A 304 (no body, whatever it says) followed by more bytes.
             "/bad/304extra" => b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
+            // A bodiless answer whose described body follows 200 ms later,
+            // after any check an idle pool can make; the body looks like
+            // a response of its own.
+            "/bad/late-head-body" | "/bad/late-304-body" => {
+                let fake: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!";
+                let status = if path == "/bad/late-head-body" { "200 OK" } else { "304 Not Modified" };
+                let head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n", fake.len());
+                if io.write_all(head.as_bytes()).and_then(|()| io.flush()).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                fake.to_vec()
+            }
             "/bad/extra" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
             // The same past a body longer than the proxy's first read.
             "/bad/extra-big" => {
