@@ -3,6 +3,7 @@
 //! new connections (TCP, then TLS) under the connect timeout, and the
 //! choice of a server.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -52,9 +53,17 @@ pub(crate) struct Server {
     /// health checks' aside) holds one until it closes.
     slots: Arc<tokio::sync::Semaphore>,
     /// Requests at the cap, waiting for a place. While any wait, a
-    /// connection done with is closed rather than kept idle (an idle one
-    /// would hold its place from them).
+    /// connection done with is not kept idle (an idle one would hold its
+    /// place from them): it goes to the oldest waiter, or is closed.
     waiting: AtomicUsize,
+    /// The waiters in the order they began to wait, each with the thread
+    /// slot it waits on: a connection done with on that thread is handed
+    /// to the oldest straight away, still open (no close, no connect, no
+    /// TIME_WAIT per request while requests queue). A socket belongs to
+    /// the runtime of the thread that opened it, so a connection on
+    /// another thread is closed instead, and its place goes to the
+    /// semaphore's oldest waiter.
+    handoff: Mutex<VecDeque<Waiter>>,
     /// This server's series, looked up once (not per request: a lock and a
     /// hash of two strings each); gone with the last pool that has it.
     pub(crate) series: ServerSeries,
@@ -189,6 +198,7 @@ impl Pool {
                     idle: (0..slots).map(|_| Mutex::new(Vec::new())).collect(),
                     slots: Arc::new(tokio::sync::Semaphore::new(cfg.max_conns)),
                     waiting: AtomicUsize::new(0),
+                    handoff: Mutex::new(VecDeque::new()),
                     series,
                 }
             })
@@ -378,7 +388,14 @@ impl Pool {
                 }
             }
         }
-        let slot = self.slot(s).await?;
+        let slot = match self.place(s).await? {
+            Place::Free(slot) => slot,
+            Place::HandedOver(mut c) => {
+                c.reused = true;
+                lease.conn = Some(c);
+                return Ok(());
+            }
+        };
         let opened = tokio::time::timeout(
             self.cfg.connect_timeout,
             self.open(lease.server, header.as_deref()),
@@ -401,10 +418,11 @@ impl Pool {
     /// once if one is free or an idle connection (of any thread) can be
     /// closed for it, else after a wait in its queue of at most
     /// `queue_timeout` (503 `queue_full` when `queue` requests already
-    /// wait, `queue_timeout` when none frees in time).
-    async fn slot(&self, s: &Server) -> Result<tokio::sync::OwnedSemaphorePermit, Failure> {
+    /// wait, `queue_timeout` when none frees in time). A wait may also
+    /// end with a connection done with on this thread, handed over open.
+    async fn place(&self, s: &Server) -> Result<Place, Failure> {
         if let Ok(p) = s.slots.clone().try_acquire_owned() {
-            return Ok(p);
+            return Ok(Place::Free(p));
         }
         // Counted as waiting before the idle lists are looked at: a
         // connection checked in from now on is closed, not kept (see
@@ -413,7 +431,7 @@ impl Pool {
         let _waiting = Waiting(&s.waiting);
         loop {
             if let Ok(p) = s.slots.clone().try_acquire_owned() {
-                return Ok(p);
+                return Ok(Place::Free(p));
             }
             if !self.close_one_idle(s) {
                 break;
@@ -426,13 +444,54 @@ impl Pool {
         // left, the exchange's deadline).
         s.series.queued.inc();
         let _queued = Queued(&s.series.queued);
-        let waited =
-            tokio::time::timeout(self.cfg.queue_timeout, s.slots.clone().acquire_owned()).await;
-        match waited {
-            Ok(Ok(p)) => Ok(p),
-            // The semaphore is never closed.
-            Ok(Err(_)) => Err(Failure::NoServer),
+        // In line for a handed-over connection; leaving the line is
+        // dropping `handed` (the entry is skipped once closed).
+        let (tx, mut handed) = tokio::sync::oneshot::channel();
+        {
+            let mut line = s.handoff.lock().unwrap_or_else(PoisonError::into_inner);
+            if line.len() >= self.cfg.queue.saturating_mul(2).max(16) {
+                line.retain(|w| !w.conn.is_closed());
+            }
+            line.push_back(Waiter {
+                slot: thread_slot(),
+                conn: tx,
+            });
+        }
+        let wait = async {
+            tokio::select! {
+                biased;
+                c = &mut handed => c.map(Place::HandedOver).map_err(|_| Failure::NoServer),
+                // The semaphore is never closed.
+                p = s.slots.clone().acquire_owned() => p.map(Place::Free).map_err(|_| Failure::NoServer),
+            }
+        };
+        match tokio::time::timeout(self.cfg.queue_timeout, wait).await {
+            Ok(r) => r,
             Err(_) => Err(Failure::QueueTimeout),
+        }
+    }
+
+    /// Hands `conn` (done with, reusable, on this thread) to the oldest
+    /// request waiting for a place at its server if that one waits on
+    /// this thread; gives it back otherwise (to be closed).
+    fn hand_over(s: &Server, conn: UpstreamConn) -> Option<UpstreamConn> {
+        let mut line = s.handoff.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut conn = conn;
+        loop {
+            let oldest = line.front()?;
+            if oldest.conn.is_closed() {
+                line.pop_front();
+                continue;
+            }
+            if oldest.slot != thread_slot() {
+                return Some(conn);
+            }
+            let w = line.pop_front()?;
+            // A waiter that left meanwhile gives it back: the next one.
+            match w.conn.send(conn) {
+                Ok(()) => return None,
+                Err(back) => conn = back,
+            }
         }
     }
 
@@ -552,7 +611,14 @@ impl Pool {
         };
         let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
         // Under the lock: `retire` empties every list after setting it.
-        if self.is_retired() || s.waiting.load(Ordering::SeqCst) > 0 {
+        if self.is_retired() {
+            return;
+        }
+        if s.waiting.load(Ordering::SeqCst) > 0 {
+            drop(list);
+            if let Some(unwanted) = Self::hand_over(s, conn) {
+                drop(unwanted);
+            }
             return;
         }
         // Expired ones first, so the list does not fill with dead ones
@@ -688,6 +754,21 @@ impl Pool {
             s.series.healthy.set(i64::from(self.in_service(i)));
         }
     }
+}
+
+/// What a request gets under a server's `max_conns`.
+enum Place {
+    /// A place for a connection it opens.
+    Free(tokio::sync::OwnedSemaphorePermit),
+    /// An open connection another request of this thread was done with.
+    HandedOver(UpstreamConn),
+}
+
+/// A request waiting for a place, in line for a handed-over connection.
+struct Waiter {
+    /// The thread slot it waits on (see `thread_slot`).
+    slot: usize,
+    conn: tokio::sync::oneshot::Sender<UpstreamConn>,
 }
 
 /// Counts a request waiting for a place while it lives.
