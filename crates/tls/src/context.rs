@@ -208,7 +208,11 @@ impl TlsContext {
     ) -> Result<Self, ContextError> {
         check_tls12_suites(policy, listener, certs)?;
         let provider = Arc::new(CryptoProvider {
-            cipher_suites: policy.cipher_suites.iter().map(|s| suite(*s)).collect(),
+            cipher_suites: policy
+                .cipher_suites
+                .iter()
+                .map(|s| crate::key_schedule::prepared(suite(*s)))
+                .collect(),
             kx_groups: policy.kx_groups.iter().map(|g| group(*g)).collect(),
             ..default_provider()
         });
