@@ -81,7 +81,7 @@ pub(crate) fn connector(
             format!("expected at least one CA certificate in {}", t.ca.display()),
         ));
     }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(tlsgate_tls::key_schedule::default_provider());
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| err("tls", e.to_string()))?

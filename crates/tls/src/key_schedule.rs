@@ -136,6 +136,17 @@ pub(crate) fn prepared(suite: SupportedCipherSuite) -> SupportedCipherSuite {
     }))
 }
 
+/// aws-lc-rs' default provider (suites, groups, signatures) with the
+/// prepared-key schedule in its TLS 1.3 suites: for TLS clients (the
+/// proxy's upstream connections).
+pub fn default_provider() -> rustls::crypto::CryptoProvider {
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
+    for suite in &mut provider.cipher_suites {
+        *suite = prepared(*suite);
+    }
+    provider
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

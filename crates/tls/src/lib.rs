@@ -13,7 +13,7 @@ pub mod client_auth;
 mod conn;
 mod context;
 pub mod error;
-mod key_schedule;
+pub mod key_schedule;
 pub mod material;
 mod offload;
 pub mod remote;
