@@ -236,6 +236,11 @@ pub struct Metrics {
     pub h2_streams_open: Gauge,
     /// HTTP/2 streams opened by clients.
     pub h2_streams: Counter,
+    /// File bytes read for HTTP/2 streams and not yet written to their
+    /// TLS connections (held in the send budgets), every worker together.
+    pub h2_send_buffered: Gauge,
+    /// HTTP/2 streams waiting for their worker's send budget.
+    pub h2_send_waiting: Gauge,
     /// HTTP/2 connections ended by an error or a limit, and streams
     /// reset by the server, by reason.
     pub h2_rejected: Family<ReasonLabel, Counter>,
@@ -311,6 +316,8 @@ impl Metrics {
             kernel_tls: Family::default(),
             protocol_connections: Family::default(),
             h2_streams_open: Gauge::default(),
+            h2_send_buffered: Gauge::default(),
+            h2_send_waiting: Gauge::default(),
             h2_streams: Counter::default(),
             h2_rejected: Family::default(),
             h2_errors_sent: Family::default(),
@@ -485,6 +492,16 @@ impl Metrics {
             "h2_streams",
             "HTTP/2 streams opened by clients",
             m.h2_streams.clone(),
+        );
+        r.register(
+            "h2_send_buffered_bytes",
+            "File bytes read for HTTP/2 streams and not yet written to their connections (send budgets in use)",
+            m.h2_send_buffered.clone(),
+        );
+        r.register(
+            "h2_send_waiting_streams",
+            "HTTP/2 streams waiting for their worker's send budget",
+            m.h2_send_waiting.clone(),
         );
         r.register(
             "h2_rejected",

@@ -123,7 +123,13 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     // wrote (its last branch): a read that waits need not send first.
     guard::send_at_turn_end(&conn);
     let mut shutdown = cx.shutdown.clone();
-    let budget = SendBudget::new(h2c);
+    let budget = SendBudget::new(
+        h2c,
+        budget::Gauges {
+            buffered: cx.shared.metrics.h2_send_buffered.clone(),
+            waiting: cx.shared.metrics.h2_send_waiting.clone(),
+        },
+    );
     // Streams forwarded to upstream pools at once (`max_proxied_streams`):
     // one connection's many streams cannot take a whole pool.
     let proxied = tokio::sync::Semaphore::new(h2c.max_proxied_streams as usize);

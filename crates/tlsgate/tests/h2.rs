@@ -1286,6 +1286,23 @@ const STREAMS_STATE_KIB: u64 = 768;
 /// Now what a connection holds is its send budget (`http2.
 /// max_connection_send_buffer`, 256 KiB by default) plus its streams'
 /// state, and a normal client is served meanwhile, at once.
+/// Waits until `tlsgate_h2_send_buffered_bytes` shows `budget` all but
+/// filled (reads are whole records' worth: 65,500 bytes of 65,536), and
+/// checks it never goes past.
+fn budget_filled(s: &Server, budget: u64) {
+    let name = "tlsgate_h2_send_buffered_bytes";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut held = s.metric(name);
+    while held < 0.99 * budget as f64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        held = s.metric(name);
+    }
+    assert!(
+        (0.99 * budget as f64..=budget as f64).contains(&held),
+        "{name} {held}, budget {budget}"
+    );
+}
+
 #[test]
 fn clients_that_open_many_streams_and_read_nothing_hold_only_their_send_budget() {
     const CONNS: usize = 32;
@@ -1306,8 +1323,11 @@ fn clients_that_open_many_streams_and_read_nothing_hold_only_their_send_budget()
         let held = unread_connections(&s, CONNS).await;
         let open = format!("tlsgate_h2_streams_open {}\n", CONNS * 128);
         s.expect_metric_line(&open);
-        // Every stream that can read has read; the rest wait.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Every stream that can read has read; the rest wait: each
+        // connection's budget is taken whole, and the gauge says so.
+        budget_filled(&s, CONNS as u64 * BUDGET_KIB * 1024);
+        s.expect_metric_line("tlsgate_h2_send_waiting_streams 0\n");
+        tokio::time::sleep(Duration::from_secs(1)).await;
         let (rss1, _) = usage(&s);
         let bound = CONNS as u64 * (BUDGET_KIB + STREAMS_STATE_KIB);
         assert!(
@@ -1323,6 +1343,8 @@ fn clients_that_open_many_streams_and_read_nothing_hold_only_their_send_budget()
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
         drop(held);
     });
+    // The budget comes back with the connections.
+    s.expect_metric_line("tlsgate_h2_send_buffered_bytes 0\n");
 }
 
 /// The worker's budget (`http2.max_worker_send_buffer`) caps all its
@@ -1353,6 +1375,9 @@ fn a_workers_send_budget_caps_clients_that_read_nothing_and_others_are_served() 
     rt().block_on(async {
         let held = unread_connections(&s, CONNS).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
+        // The worker's budget is in use, whole, and streams wait for it.
+        budget_filled(&s, WORKER_KIB * 1024);
+        assert!(s.metric("tlsgate_h2_send_waiting_streams") > 0.0);
         let (rss1, _) = usage(&s);
         let bound = WORKER_KIB + CONNS as u64 * STREAMS_STATE_KIB;
         assert!(

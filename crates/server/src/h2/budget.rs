@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tlsgate_config::Http2;
+use tlsgate_metrics::types::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How long a connection holding send budget may go without its client
@@ -70,32 +71,51 @@ pub(super) struct SendBudget {
     conn: Arc<Semaphore>,
     conn_total: usize,
     worker: Arc<Worker>,
+    /// `tlsgate_h2_send_buffered_bytes` and `_waiting_streams`.
+    gauges: Gauges,
+}
+
+/// The process's gauges of budget in use and streams waiting for it.
+#[derive(Clone)]
+pub(super) struct Gauges {
+    pub buffered: Gauge,
+    pub waiting: Gauge,
 }
 
 /// Budget taken for one read; given back when dropped.
 pub(super) struct Held {
     _conn: OwnedSemaphorePermit,
     _worker: OwnedSemaphorePermit,
+    bytes: i64,
+    buffered: Gauge,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.buffered.dec_by(self.bytes);
+    }
 }
 
 /// Counts a stream waiting for the worker's budget while it waits.
-struct Waiting<'a>(&'a AtomicUsize);
+struct Waiting<'a>(&'a AtomicUsize, &'a Gauge);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+        self.1.dec();
     }
 }
 
 impl SendBudget {
     /// The budgets of a new connection under `h2c`.
-    pub fn new(h2c: &Http2) -> Self {
+    pub fn new(h2c: &Http2, gauges: Gauges) -> Self {
         let conn_total = h2c.max_connection_send_buffer as usize;
         let worker_total = usize::try_from(h2c.max_worker_send_buffer).unwrap_or(usize::MAX);
         Self {
             conn: Arc::new(Semaphore::new(conn_total)),
             conn_total,
             worker: worker(worker_total),
+            gauges,
         }
     }
 
@@ -113,13 +133,18 @@ impl SendBudget {
             Ok(p) => p,
             Err(_) => {
                 self.worker.waiting.fetch_add(1, Ordering::Relaxed);
-                let _waiting = Waiting(&self.worker.waiting);
+                self.gauges.waiting.inc();
+                let _waiting = Waiting(&self.worker.waiting, &self.gauges.waiting);
                 self.worker.bytes.clone().acquire_many_owned(n).await.ok()?
             }
         };
+        let bytes = i64::from(n);
+        self.gauges.buffered.inc_by(bytes);
         Some(Held {
             _conn: conn,
             _worker: worker,
+            bytes,
+            buffered: self.gauges.buffered.clone(),
         })
     }
 
