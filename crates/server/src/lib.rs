@@ -288,7 +288,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     // first use only for CAP_NET_ADMIN.
     let ktls = probe_ktls(&metrics);
     // Every socket is bound and no thread runs yet: drop privileges now.
-    privileges::drop(ids)?;
+    privileges::drop(ids, gen.config.keys.isolation)?;
     // A thread of their own: started once privileges are gone.
     gen.pools.start_background_tasks()?;
     let access_log = AccessLog::start(

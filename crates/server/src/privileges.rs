@@ -27,11 +27,19 @@ pub(crate) fn resolve(config: &Config) -> Result<Option<Ids>, StartError> {
         })
 }
 
-/// Switches to `ids` and drops every capability.
-pub(crate) fn drop(ids: Option<Ids>) -> Result<(), StartError> {
+/// Switches to `ids` and drops every capability. `isolated`: the keys are
+/// in the key process, whose protection needs the serving process off
+/// uid 0 (which owns root-only key files without any capability).
+pub(crate) fn drop(ids: Option<Ids>, isolated: bool) -> Result<(), StartError> {
     privileges::drop_privileges(ids).map_err(|e| StartError::Privileges(e.to_string()))?;
     match ids {
         Some(i) => tracing::info!("running as uid {} gid {}, no capabilities", i.uid, i.gid),
+        None if isolated && privileges::effective_uid() == 0 => tracing::warn!(
+            "the serving process runs as root (uid 0, `server.user` not set): key isolation keeps \
+             private keys out of its memory, but a root process can still read root-owned key \
+             files, so a serving process taken over from the network could; set `server.user` \
+             (a user of its own, or \"nobody\") to make the isolation hold"
+        ),
         None => tracing::debug!("capabilities dropped"),
     }
     Ok(())

@@ -46,7 +46,8 @@ const STACK_SIZE: usize = 256 * 1024;
 /// page faults and a `munmap`).
 const STACKS_KEPT: usize = 64;
 /// Calls suspended at once per thread; beyond it, [`Suspendable::start`]
-/// declines and the caller runs the call directly (blocking).
+/// declines: the server's handshakes then run without one and refuse
+/// to wait for a signature (`tlsgate_tls::run_signing`).
 const MAX_SUSPENDED: usize = 1024;
 
 thread_local! {

@@ -169,10 +169,30 @@ struct SignRequest {
 #[error("a suspended handshake was resumed on another thread")]
 pub struct MovedThread;
 
+thread_local! {
+    /// Set while [`run_signing`] runs a call directly, without a stack of
+    /// its own: a signature asked for there is refused, not waited for.
+    static REFUSE_BLOCKING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears [`REFUSE_BLOCKING`] when the direct call ends (or unwinds).
+struct RefusingBlocking;
+
+impl Drop for RefusingBlocking {
+    fn drop(&mut self) {
+        REFUSE_BLOCKING.with(|r| r.set(false));
+    }
+}
+
 /// Runs `call` (rustls' processing of a ClientHello) so that each remote
 /// signature inside it is awaited through [`KeyBackend::sign_later`]
-/// instead of blocking the thread. Without a stack for it (too many
-/// suspended on this thread), `call` runs directly and signs blocking.
+/// instead of blocking the thread. Without a stack for it (this thread
+/// already holds `MAX_SUSPENDED` calls waiting for the key process, or
+/// none can be mapped), `call` runs directly and a signature in it fails
+/// at once as [`KeyUnavailable::Busy`]: waiting for it there would block
+/// the worker, and every connection it serves, for up to `key_timeout`
+/// per signature, one after another, just when the key process is
+/// slowest (a resumption needs no signature and still succeeds).
 pub async fn run_signing<R, F>(call: F) -> Result<R, MovedThread>
 where
     R: Send + 'static,
@@ -180,7 +200,11 @@ where
 {
     let mut call = match Suspendable::start(call) {
         Ok(c) => c,
-        Err(call) => return Ok(call()),
+        Err(call) => {
+            REFUSE_BLOCKING.with(|r| r.set(true));
+            let _refusing = RefusingBlocking;
+            return Ok(call());
+        }
     };
     let mut answer: Option<Answer> = None;
     loop {
@@ -215,7 +239,7 @@ where
 /// Each poll switches to a stack of its own and back (the future is boxed
 /// once, so only a pointer moves): meant for the few polls of a handshake
 /// that may sign. Without a stack (too many suspended on this thread) a
-/// poll runs directly and a signature in it blocks, as it did before.
+/// poll runs directly and a signature in it fails as `Busy`.
 pub async fn poll_signing<F>(fut: F) -> Result<F::Output, MovedThread>
 where
     F: Future + Send + 'static,
@@ -301,12 +325,13 @@ impl Signer for RemoteSigner {
             message: message.to_vec(),
         };
         // Inside `run_signing` the handshake waits for the answer there;
-        // anywhere else (a second ClientHello after a retry request) this
-        // thread waits.
+        // run directly by it for want of a stack, it is refused; anywhere
+        // else (outside the server's handshakes) this thread waits.
         let signed = match suspend::ask(Box::new(request)) {
             Ok(answer) => answer
                 .downcast::<SignResult>()
                 .map_or(Err(KeyUnavailable::Refused), |r| *r),
+            Err(_) if REFUSE_BLOCKING.with(std::cell::Cell::get) => Err(KeyUnavailable::Busy),
             Err(_) => self.backend.sign(self.key_id, self.scheme, message),
         };
         signed.map_err(|e| rustls::Error::Other(rustls::OtherError(Arc::new(e))))
@@ -391,6 +416,71 @@ mod tests {
             .choose_scheme(&[SignatureScheme::ECDSA_NISTP256_SHA256])
             .unwrap();
         assert!(signer.sign(b"transcript").is_err());
+    }
+
+    /// Never answers the awaited way; counts blocking signatures and
+    /// awaited ones asked for.
+    #[derive(Debug, Default)]
+    struct Stuck(
+        std::sync::atomic::AtomicUsize,
+        std::sync::atomic::AtomicUsize,
+    );
+
+    impl KeyBackend for Stuck {
+        fn sign(&self, _: u64, _: SignatureScheme, _: &[u8]) -> SignResult {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(vec![1])
+        }
+        fn sign_later(self: Arc<Self>, _: u64, _: SignatureScheme, _: Vec<u8>) -> SignFuture {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn past_the_threads_suspended_handshakes_a_signature_is_refused_not_waited_for() {
+        let key = local(&rcgen::PKCS_ECDSA_P256_SHA256);
+        let stuck = Arc::new(Stuck::default());
+        let remote = Arc::new(RemoteKey::new(KeyInfo::of(&*key).unwrap(), stuck.clone()));
+        let sign = |remote: Arc<RemoteKey>| {
+            move || {
+                remote
+                    .choose_scheme(&[SignatureScheme::ECDSA_NISTP256_SHA256])
+                    .unwrap()
+                    .sign(b"transcript")
+            }
+        };
+        let local_set = tokio::task::LocalSet::new();
+        local_set
+            .run_until(async {
+                // A key process that answers nothing: every handshake
+                // waits, suspended, up to the thread's limit (1024).
+                let waiting: Vec<_> = (0..1024)
+                    .map(|_| tokio::task::spawn_local(run_signing(sign(remote.clone()))))
+                    .collect();
+                while stuck.1.load(std::sync::atomic::Ordering::SeqCst) < 1024 {
+                    tokio::task::yield_now().await;
+                }
+                // One more has no stack: it fails at once instead of
+                // blocking the thread in the backend's blocking call.
+                let over = run_signing(sign(remote.clone())).await.unwrap();
+                let Err(rustls::Error::Other(e)) = over else {
+                    panic!("{over:?}")
+                };
+                assert!(matches!(
+                    e.0.downcast_ref::<KeyUnavailable>(),
+                    Some(KeyUnavailable::Busy)
+                ));
+                assert_eq!(stuck.0.load(std::sync::atomic::Ordering::SeqCst), 0);
+                assert!(waiting.iter().all(|t| !t.is_finished()));
+                for t in waiting {
+                    t.abort();
+                }
+            })
+            .await;
+        // Outside a server's handshake the blocking way is still taken.
+        assert!(sign(remote)().is_ok());
+        assert_eq!(stuck.0.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -638,6 +638,15 @@ fn the_network_process_runs_as_nobody_without_capabilities_and_serves() {
             Some("0")
         );
     }
+    assert!(!server.log().contains("runs as root"), "{}", server.log());
+    drop(server);
+    // Left as root, the serving process could read that 0600 key itself:
+    // the isolation does not hold, and the log says so.
+    let root = Server::start(&fx, &fx.config("", ""));
+    root.wait_log(
+        "the serving process runs as root (uid 0, `server.user` not set)",
+        Duration::from_secs(10),
+    );
 }
 
 /// With `server.user`, an upstream's client key, its CA bundle and a
