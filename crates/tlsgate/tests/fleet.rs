@@ -614,3 +614,109 @@ fn a_refused_reload_does_not_report_the_ticket_keys_it_read() {
     s.wait_log("reloaded configuration", Duration::from_secs(5));
     wait_metric(&s, "tlsgate_ticket_keys", 3.0);
 }
+
+/// Runs `tlsgate ticket-keys ARGS`, killed if it takes over 5 s (it once
+/// waited forever opening a FIFO); its exit code and error output.
+fn ticket_keys_within_5s(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(bin())
+        .arg("ticket-keys")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("ticket-keys {args:?} still running after 5 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `generate --force` replaces key files, nothing else: a FIFO (never
+/// opened, so no wait for a writer), a character device (a scratch
+/// /dev/null made with mknod), a directory and a symlink to a FIFO are
+/// refused with exit 2, naming the file and what was expected, and left
+/// as they were; `rotate` refuses them too. A symlink to a key file is
+/// still replaced through.
+#[test]
+fn generate_force_and_rotate_refuse_what_is_not_a_regular_file() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let fx = Fixture::new();
+    let dir = fx.path();
+    let fifo = dir.join("fifo");
+    let null = dir.join("null");
+    let sub = dir.join("keys.d");
+    let link = dir.join("link-to-fifo");
+    let made = |program: &str, args: &[&Path]| {
+        let ok = Command::new(program).args(args).status().unwrap().success();
+        assert!(ok, "{program} {args:?}");
+    };
+    made("mkfifo", &[&fifo]);
+    made(
+        "mknod",
+        &[&null, Path::new("c"), Path::new("1"), Path::new("3")],
+    );
+    std::fs::create_dir(&sub).unwrap();
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    let state = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.ino(), m.mode(), m.rdev(), m.len())
+    };
+    for (path, generate_says, rotate_says) in [
+        (&fifo, "is a FIFO; expected a regular file", "is a FIFO"),
+        (
+            &null,
+            "is a character device; expected",
+            "is a character device",
+        ),
+        (&sub, "is a directory; expected", "is a directory"),
+        (&link, "is a symlink to a FIFO; expected", "is a FIFO"),
+    ] {
+        let before = state(path);
+        let p = path.to_str().unwrap();
+        for (args, says) in [
+            (&["generate", p, "--force"][..], generate_says),
+            (&["generate", p][..], generate_says),
+            (&["rotate", p][..], rotate_says),
+        ] {
+            let (code, err) = ticket_keys_within_5s(args);
+            assert_eq!(code, Some(2), "{args:?}: {err}");
+            assert!(err.contains(says), "{args:?}: wanted {says:?} in {err}");
+            assert!(err.contains("expected a regular file"), "{err}");
+            // rotate names the file the link leads to.
+            let target = std::fs::canonicalize(path).unwrap();
+            assert!(
+                err.contains(p) || err.contains(target.to_str().unwrap()),
+                "{err}"
+            );
+            assert_eq!(state(path), before, "{args:?} changed {p}");
+        }
+    }
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(&null)
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    // The same command on a symlink to a key file replaces the keys
+    // through the link.
+    let keys = dir.join("ticket.keys");
+    let to_keys = dir.join("link-to-keys");
+    ticket_keys(&["generate", keys.to_str().unwrap()]);
+    std::os::unix::fs::symlink(&keys, &to_keys).unwrap();
+    let old = std::fs::read(&keys).unwrap();
+    ticket_keys(&["generate", to_keys.to_str().unwrap(), "--force"]);
+    assert!(std::fs::symlink_metadata(&to_keys).unwrap().is_symlink());
+    assert_ne!(std::fs::read(&keys).unwrap(), old);
+}
