@@ -615,6 +615,50 @@ fn a_refused_reload_does_not_report_the_ticket_keys_it_read() {
     wait_metric(&s, "tlsgate_ticket_keys", 3.0);
 }
 
+/// Without tickets the session cache resumes, but only for
+/// `ticket_lifetime`: a TLS 1.2 session ID and a stateful TLS 1.3 ticket
+/// from a server with a 2 s lifetime resume at once and not 3 s later,
+/// while those from one with a 1 h lifetime still do then (the wait alone
+/// does not end a session). Peer: openssl s_client.
+#[test]
+fn cached_sessions_expire_after_the_ticket_lifetime() {
+    let fx = Fixture::new();
+    let start = |lifetime: &str| {
+        let tls = format!("[tls]\nsession_tickets = false\nticket_lifetime = {lifetime:?}\n");
+        let cfg = fx.path().join(format!("cache-{lifetime}.toml"));
+        std::fs::write(&cfg, fx.config(&tls, "")).unwrap();
+        Server::spawn(&["serve", "--config", cfg.to_str().unwrap()])
+    };
+    let short = start("2s");
+    let long = start("1h");
+    let sess = |s: &Server, label: &str, n: u32| {
+        fx.path()
+            .join(format!("{}-{label}-{n}.sess", s.addr.port()))
+    };
+    for s in [&short, &long] {
+        for (flag, label) in [("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")] {
+            // Two sessions: a TLS 1.3 ticket resumes once (the cache
+            // gives it up), the second is for after the wait.
+            for n in [1, 2] {
+                let first = s_client(s, flag, &sess(s, label, n), true);
+                assert!(first.contains(&format!("New, {label}")), "{first}");
+            }
+            let again = s_client(s, flag, &sess(s, label, 1), false);
+            assert!(again.contains(&format!("Reused, {label}")), "{again}");
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for (flag, label) in [("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")] {
+        let late = s_client(&short, flag, &sess(&short, label, 2), false);
+        assert!(
+            late.contains(&format!("New, {label}")),
+            "resumed after ticket_lifetime: {late}"
+        );
+        let kept = s_client(&long, flag, &sess(&long, label, 2), false);
+        assert!(kept.contains(&format!("Reused, {label}")), "{kept}");
+    }
+}
+
 /// Runs `tlsgate ticket-keys ARGS`, killed if it takes over 5 s (it once
 /// waited forever opening a FIFO); its exit code and error output.
 fn ticket_keys_within_5s(args: &[&str]) -> (Option<i32>, String) {
