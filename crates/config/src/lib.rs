@@ -552,13 +552,64 @@ impl TrustedProxies {
     }
 }
 
-/// Reads a config file's text, for messages that need it.
+/// The most a config file may hold. Real ones are a few KiB; the cap
+/// stops `--config /dev/zero` or a huge file named by mistake from
+/// filling memory (it got a process OOM-killed at 24 GB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// Reads a config file's text, for messages that need it. Takes a regular
+/// file of at most [`MAX_CONFIG_BYTES`], checked before it is opened (a
+/// FIFO would wait for a writer) and again on the open file. A pipe could
+/// not serve anyway: the key process and every reload read the file again.
 pub fn read_file(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::new(
-            path.display().to_string(),
-            "",
-            format!("cannot read the file: {e}"),
-        )
+    use std::io::Read as _;
+    let fail = |problem: String| ConfigError::new(path.display().to_string(), "", problem);
+    let limit = MAX_CONFIG_BYTES >> 20;
+    let regular = |meta: std::fs::Metadata| {
+        if meta.is_file() {
+            Ok(())
+        } else {
+            Err(fail(format!(
+                "is {}; expected a regular file of at most {limit} MiB",
+                file_kind(&meta.file_type())
+            )))
+        }
+    };
+    regular(std::fs::metadata(path).map_err(|e| fail(format!("cannot read the file: {e}")))?)?;
+    let file = std::fs::File::open(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    // Swapped since the check above: refused all the same.
+    regular(
+        file.metadata()
+            .map_err(|e| fail(format!("cannot read the file: {e}")))?,
+    )?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(fail(format!(
+            "larger than {limit} MiB; expected a configuration file of at most {limit} MiB"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        fail("cannot read the file: it is not UTF-8; expected UTF-8 text (TOML)".into())
     })
+}
+
+/// What a file that is not regular is, for messages.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt as _;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
 }

@@ -230,12 +230,15 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         .build()?;
     // Signal handlers come first: a signal that arrives once we say we are
     // listening must reach us, not kill us.
-    let (mut term, mut int, mut hup) = {
+    let (mut term, mut int, mut hup, mut usr1) = {
         let _guard = rt.enter();
         (
             signal(SignalKind::terminate())?,
             signal(SignalKind::interrupt())?,
             signal(SignalKind::hangup())?,
+            // Log rotation written for nginx sends USR1; its default
+            // action would kill us without a drain.
+            signal(SignalKind::user_defined1())?,
         )
     };
 
@@ -370,6 +373,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
                 _ = term.recv() => break,
                 _ = int.recv() => break,
                 _ = hup.recv() => reloads.request(true),
+                _ = usr1.recv() => reopen_log(&shared),
                 Some(()) = rekeyed.recv() => reloads.request(false),
                 Some(event) = reload_done.recv() => reloads.event(event),
                 _ = xdp_watch.tick(), if held() => {
@@ -612,6 +616,17 @@ fn accept(shared: &Shared, tickets: &TicketCache, new: Generation) {
         .get_or_create(&ResultLabel { result: "ok" })
         .inc();
     tracing::info!("reloaded configuration from {origin}");
+}
+
+/// SIGUSR1: reopens the access log at its configured path, as a reload
+/// does, without reading the configuration again.
+fn reopen_log(shared: &Shared) {
+    let running = shared.current.load();
+    tracing::info!("SIGUSR1: reopening the access log");
+    shared.access_log.reopen(
+        running.config.access_log.target.clone(),
+        running.config.access_log.format,
+    );
 }
 
 /// Logs and counts a refused reload; the running generation stays.

@@ -25,6 +25,18 @@ pub fn pread_append(file: &File, buf: &mut BytesMut, n: usize, offset: u64) -> i
     Ok(got)
 }
 
+/// Opens `path` read-only without waiting: with `O_NONBLOCK`, opening a
+/// FIFO returns at once instead of blocking until a writer comes, so the
+/// caller can `fstat` the file and refuse what is not a regular file. (On
+/// a regular file the flag changes nothing.) `O_NOCTTY`: a terminal named
+/// by mistake does not become ours.
+pub fn open_no_wait(path: &std::path::Path) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let fd = rustix::fs::open(path, flags, Mode::empty())?;
+    Ok(File::from(fd))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -78,11 +78,14 @@ fn server_config(
     config.alpn_protocols = alpn.iter().map(|p| p.id().as_bytes().to_vec()).collect();
     // Each policy has its own TLS 1.2 session-ID cache: a session never
     // resumes under another policy. It keeps only sessions that got no
-    // ticket (crate::session_cache).
+    // ticket (crate::session_cache), for at most `ticket_lifetime`.
     config.session_storage = if policy.session_cache_size == 0 {
         Arc::new(NoServerSessionStorage {})
     } else {
-        crate::session_cache::SessionIdCache::new(policy.session_cache_size)
+        crate::session_cache::SessionIdCache::new(
+            policy.session_cache_size,
+            policy.tickets.lifetime,
+        )
     };
     // Tickets (set by `set_tickets`) or, without them, the session
     // cache above. rustls only resumes TLS 1.3 with a fresh (EC)DHE

@@ -8,10 +8,16 @@
 //! A full cache also made every handshake 4–9 % dearer in the bench
 //! (docs/bench.md, "The server's state: a full session cache"). So a
 //! session that was given a ticket is not put in the cache.
+//!
+//! rustls' cache keeps a session until it is evicted, whatever its age,
+//! so each entry carries the time it was put and one older than
+//! `ticket_lifetime` is dropped instead of resumed: the lifetime bounds
+//! what a stolen session resumes, with tickets or without.
 
 use std::cell::Cell;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use rustls::server::{ServerSessionMemoryCache, StoresServerSessions};
 
@@ -39,12 +45,38 @@ impl Drop for TicketedSession {
     }
 }
 
-/// rustls' memory cache, bounded, that refuses ticketed sessions.
-pub(crate) struct SessionIdCache(Arc<ServerSessionMemoryCache>);
+/// rustls' memory cache, bounded, that refuses ticketed sessions and
+/// those older than `lifetime`.
+pub(crate) struct SessionIdCache {
+    inner: Arc<ServerSessionMemoryCache>,
+    lifetime: Duration,
+}
+
+/// Bytes of the put time in front of each cached value.
+const STAMP: usize = 8;
+
+/// Milliseconds on the monotonic clock since the first use: a wall clock
+/// step must neither revive nor expire sessions.
+fn now_ms() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
 impl SessionIdCache {
-    pub(crate) fn new(size: usize) -> Arc<Self> {
-        Arc::new(Self(ServerSessionMemoryCache::new(size)))
+    pub(crate) fn new(size: usize, lifetime: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            inner: ServerSessionMemoryCache::new(size),
+            lifetime,
+        })
+    }
+
+    /// The session in `stamped` if it is younger than the lifetime.
+    fn fresh(&self, stamped: Vec<u8>) -> Option<Vec<u8>> {
+        let (stamp, value) = stamped.split_at_checked(STAMP)?;
+        let put = u64::from_be_bytes(stamp.try_into().ok()?);
+        let age = Duration::from_millis(now_ms().saturating_sub(put));
+        (age < self.lifetime).then(|| value.to_vec())
     }
 }
 
@@ -59,15 +91,24 @@ impl StoresServerSessions for SessionIdCache {
         if TICKETED.with(Cell::get) {
             return false;
         }
-        self.0.put(key, value)
+        let mut stamped = Vec::with_capacity(STAMP + value.len());
+        stamped.extend_from_slice(&now_ms().to_be_bytes());
+        stamped.extend_from_slice(&value);
+        self.inner.put(key, stamped)
     }
 
     fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.0.get(key)
+        let stamped = self.inner.get(key)?;
+        let value = self.fresh(stamped);
+        if value.is_none() {
+            // Expired: its slot goes to a session that can still resume.
+            self.inner.take(key);
+        }
+        value
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.0.take(key)
+        self.fresh(self.inner.take(key)?)
     }
 
     fn can_cache(&self) -> bool {
@@ -81,7 +122,7 @@ mod tests {
 
     #[test]
     fn ticketed_sessions_are_not_kept_and_others_are() {
-        let cache = SessionIdCache::new(4);
+        let cache = SessionIdCache::new(4, Duration::from_secs(60));
         {
             let _t = TicketedSession::enter();
             assert!(!cache.put(vec![1], vec![10]));
@@ -92,5 +133,18 @@ mod tests {
         assert_eq!(cache.get(&[2]), Some(vec![20]));
         assert_eq!(cache.take(&[2]), Some(vec![20]));
         assert_eq!(cache.get(&[2]), None);
+    }
+
+    #[test]
+    fn sessions_older_than_the_lifetime_are_dropped() {
+        let cache = SessionIdCache::new(4, Duration::from_millis(50));
+        assert!(cache.put(vec![1], vec![10]));
+        assert!(cache.put(vec![2], vec![20]));
+        assert_eq!(cache.get(&[1]), Some(vec![10]));
+        std::thread::sleep(Duration::from_millis(80));
+        assert_eq!(cache.get(&[1]), None);
+        assert_eq!(cache.take(&[2]), None);
+        // The expired entry is gone, not just hidden.
+        assert_eq!(cache.inner.get(&[1]), None);
     }
 }

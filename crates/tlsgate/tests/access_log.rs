@@ -303,3 +303,38 @@ fn huge_client_fields_cannot_grow_a_stuck_log_without_bound() {
     let out = s.curl(&["-s", &url]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), HELLO);
 }
+
+/// SIGUSR1, which logrotate snippets written for nginx send, reopens the
+/// log at its configured path without reading the configuration (a
+/// broken one is not even noticed), and the server keeps serving: the
+/// signal's default action used to kill it.
+#[test]
+fn sigusr1_reopens_a_rotated_log_and_keeps_serving() {
+    let fx = Fixture::new();
+    let log = fx.path().join("access.log");
+    let mut s = Server::start(
+        &fx,
+        &fx.config(&format!("[access_log]\ntarget = {log:?}\n"), ""),
+    );
+    assert!(s.curl(&[&s.url("/hello.txt?before")]).status.success());
+    wait_file_line(&log, "?before");
+    let rotated = fx.path().join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    std::fs::write(fx.path().join("tlsgate.toml"), "this is [not toml").unwrap();
+    s.signal("USR1");
+    s.wait_log("SIGUSR1: reopening the access log", Duration::from_secs(5));
+    let out = s.curl(&[
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &s.url("/hello.txt?after"),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    wait_file_line(&log, "?after");
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert!(old.contains("?before") && !old.contains("?after"), "{old}");
+    assert!(s.running());
+    let text = s.log();
+    assert!(!text.contains("reload"), "{text}");
+}

@@ -614,3 +614,153 @@ fn a_refused_reload_does_not_report_the_ticket_keys_it_read() {
     s.wait_log("reloaded configuration", Duration::from_secs(5));
     wait_metric(&s, "tlsgate_ticket_keys", 3.0);
 }
+
+/// Without tickets the session cache resumes, but only for
+/// `ticket_lifetime`: a TLS 1.2 session ID and a stateful TLS 1.3 ticket
+/// from a server with a 2 s lifetime resume at once and not 3 s later,
+/// while those from one with a 1 h lifetime still do then (the wait alone
+/// does not end a session). Peer: openssl s_client.
+#[test]
+fn cached_sessions_expire_after_the_ticket_lifetime() {
+    let fx = Fixture::new();
+    let start = |lifetime: &str| {
+        let tls = format!("[tls]\nsession_tickets = false\nticket_lifetime = {lifetime:?}\n");
+        let cfg = fx.path().join(format!("cache-{lifetime}.toml"));
+        std::fs::write(&cfg, fx.config(&tls, "")).unwrap();
+        Server::spawn(&["serve", "--config", cfg.to_str().unwrap()])
+    };
+    let short = start("2s");
+    let long = start("1h");
+    let sess = |s: &Server, label: &str, n: u32| {
+        fx.path()
+            .join(format!("{}-{label}-{n}.sess", s.addr.port()))
+    };
+    for s in [&short, &long] {
+        for (flag, label) in [("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")] {
+            // Two sessions: a TLS 1.3 ticket resumes once (the cache
+            // gives it up), the second is for after the wait.
+            for n in [1, 2] {
+                let first = s_client(s, flag, &sess(s, label, n), true);
+                assert!(first.contains(&format!("New, {label}")), "{first}");
+            }
+            let again = s_client(s, flag, &sess(s, label, 1), false);
+            assert!(again.contains(&format!("Reused, {label}")), "{again}");
+        }
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for (flag, label) in [("-tls1_2", "TLSv1.2"), ("-tls1_3", "TLSv1.3")] {
+        let late = s_client(&short, flag, &sess(&short, label, 2), false);
+        assert!(
+            late.contains(&format!("New, {label}")),
+            "resumed after ticket_lifetime: {late}"
+        );
+        let kept = s_client(&long, flag, &sess(&long, label, 2), false);
+        assert!(kept.contains(&format!("Reused, {label}")), "{kept}");
+    }
+}
+
+/// Runs `tlsgate ticket-keys ARGS`, killed if it takes over 5 s (it once
+/// waited forever opening a FIFO); its exit code and error output.
+fn ticket_keys_within_5s(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(bin())
+        .arg("ticket-keys")
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("ticket-keys {args:?} still running after 5 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `generate --force` replaces key files, nothing else: a FIFO (never
+/// opened, so no wait for a writer), a character device (a scratch
+/// /dev/null made with mknod), a directory and a symlink to a FIFO are
+/// refused with exit 2, naming the file and what was expected, and left
+/// as they were; `rotate` refuses them too. A symlink to a key file is
+/// still replaced through.
+#[test]
+fn generate_force_and_rotate_refuse_what_is_not_a_regular_file() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let fx = Fixture::new();
+    let dir = fx.path();
+    let fifo = dir.join("fifo");
+    let null = dir.join("null");
+    let sub = dir.join("keys.d");
+    let link = dir.join("link-to-fifo");
+    let made = |program: &str, args: &[&Path]| {
+        let ok = Command::new(program).args(args).status().unwrap().success();
+        assert!(ok, "{program} {args:?}");
+    };
+    made("mkfifo", &[&fifo]);
+    made(
+        "mknod",
+        &[&null, Path::new("c"), Path::new("1"), Path::new("3")],
+    );
+    std::fs::create_dir(&sub).unwrap();
+    std::os::unix::fs::symlink(&fifo, &link).unwrap();
+    let state = |p: &Path| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.ino(), m.mode(), m.rdev(), m.len())
+    };
+    for (path, generate_says, rotate_says) in [
+        (&fifo, "is a FIFO; expected a regular file", "is a FIFO"),
+        (
+            &null,
+            "is a character device; expected",
+            "is a character device",
+        ),
+        (&sub, "is a directory; expected", "is a directory"),
+        (&link, "is a symlink to a FIFO; expected", "is a FIFO"),
+    ] {
+        let before = state(path);
+        let p = path.to_str().unwrap();
+        for (args, says) in [
+            (&["generate", p, "--force"][..], generate_says),
+            (&["generate", p][..], generate_says),
+            (&["rotate", p][..], rotate_says),
+        ] {
+            let (code, err) = ticket_keys_within_5s(args);
+            assert_eq!(code, Some(2), "{args:?}: {err}");
+            assert!(err.contains(says), "{args:?}: wanted {says:?} in {err}");
+            assert!(err.contains("expected a regular file"), "{err}");
+            // rotate names the file the link leads to.
+            let target = std::fs::canonicalize(path).unwrap();
+            assert!(
+                err.contains(p) || err.contains(target.to_str().unwrap()),
+                "{err}"
+            );
+            assert_eq!(state(path), before, "{args:?} changed {p}");
+        }
+    }
+    assert!(std::fs::symlink_metadata(&fifo)
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert!(std::fs::symlink_metadata(&null)
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    // The same command on a symlink to a key file replaces the keys
+    // through the link.
+    let keys = dir.join("ticket.keys");
+    let to_keys = dir.join("link-to-keys");
+    ticket_keys(&["generate", keys.to_str().unwrap()]);
+    std::os::unix::fs::symlink(&keys, &to_keys).unwrap();
+    let old = std::fs::read(&keys).unwrap();
+    ticket_keys(&["generate", to_keys.to_str().unwrap(), "--force"]);
+    assert!(std::fs::symlink_metadata(&to_keys).unwrap().is_symlink());
+    assert_ne!(std::fs::read(&keys).unwrap(), old);
+}

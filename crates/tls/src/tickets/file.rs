@@ -227,7 +227,9 @@ fn read_reaching(
     run_as: Option<u32>,
     reach: Reach,
 ) -> Result<Vec<Secret>, KeyFileError> {
-    let mut f = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+    // Not blocking on a FIFO: the check below refuses it.
+    let mut f = tlsgate_sys::fileread::open_no_wait(path)
+        .map_err(|e| fail(path, format!("cannot open: {e}")))?;
     // Checked on the open file, so a swap after the check changes nothing.
     let meta = f
         .metadata()
@@ -359,6 +361,9 @@ pub fn generate(path: &Path, count: usize, force: bool) -> Result<(), KeyFileErr
         ));
     }
     let exists = std::fs::symlink_metadata(path).is_ok();
+    if exists {
+        refuse_unless_regular(path)?;
+    }
     if !force && exists {
         return Err(fail(
             path,
@@ -375,6 +380,54 @@ pub fn generate(path: &Path, count: usize, force: bool) -> Result<(), KeyFileErr
     let target = followed(path)?;
     let _lock = lock_current(&target)?;
     write_atomic(&target, &keys, None)
+}
+
+/// Refuses an existing `path` that is not a regular file or a symlink to
+/// one, before anything opens it: `--force` replaces key files, never a
+/// device (it once turned /dev/null into a key file), and opening a FIFO
+/// would wait for a writer forever.
+fn refuse_unless_regular(path: &Path) -> Result<(), KeyFileError> {
+    let own =
+        std::fs::symlink_metadata(path).map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+    let expected = "expected a regular file or a symlink to one";
+    if own.is_symlink() {
+        let meta = std::fs::metadata(path).map_err(|e| {
+            fail(
+                path,
+                format!("is a symlink that cannot be followed ({e}); {expected}"),
+            )
+        })?;
+        if !meta.is_file() {
+            return Err(fail(
+                path,
+                format!("is a symlink to {}; {expected}", kind(&meta.file_type())),
+            ));
+        }
+    } else if !own.is_file() {
+        return Err(fail(
+            path,
+            format!("is {}; {expected}", kind(&own.file_type())),
+        ));
+    }
+    Ok(())
+}
+
+/// What a file that is not regular is, for messages.
+fn kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
 }
 
 /// The file `path` names, through any symlinks: a key file shared by a
@@ -395,7 +448,18 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 fn lock_current(path: &Path) -> Result<File, KeyFileError> {
     let deadline = std::time::Instant::now() + LOCK_WAIT;
     loop {
-        let f = File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
+        // Not blocking on a FIFO swapped in after the caller's check.
+        let f = tlsgate_sys::fileread::open_no_wait(path)
+            .map_err(|e| fail(path, format!("cannot open: {e}")))?;
+        let meta = f
+            .metadata()
+            .map_err(|e| fail(path, format!("cannot stat: {e}")))?;
+        if !meta.is_file() {
+            return Err(fail(
+                path,
+                format!("is {}; expected a regular file", kind(&meta.file_type())),
+            ));
+        }
         loop {
             match f.try_lock() {
                 Ok(()) => break,
