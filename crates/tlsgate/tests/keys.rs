@@ -1021,6 +1021,13 @@ fn a_hung_key_server_is_killed_and_replaced_and_healthz_fails_meanwhile() {
         "key_up 0 at {saw_key_down:?}, 503 at {saw_503:?}, handshakes again at {recovered:?}"
     );
     let log = server.log();
+    // What an operator reads (shown with --nocapture).
+    for line in log
+        .lines()
+        .filter(|l| l.contains("key server") || l.contains("signature"))
+    {
+        eprintln!("{line}");
+    }
     let down = saw_key_down.unwrap();
     // No answer for three key_timeouts (6 s) before it is taken as hung
     // (less the few ms of a signature asked just before the stop).
