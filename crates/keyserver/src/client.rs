@@ -72,8 +72,12 @@ pub enum KeyError {
 pub trait Events: Send + Sync {
     /// A signature could not be had.
     fn sign_failed(&self, why: KeyUnavailable);
-    /// A key server is connected (`restart`: not the first) or lost.
+    /// A key server is connected (`restart`: not the first) or lost; also
+    /// up (not a restart) when a hung one answers again.
     fn key_server(&self, up: bool, restart: bool);
+    /// The key server answers no signature: it is taken as hung (and
+    /// killed, to be restarted), until it answers or a new one connects.
+    fn key_hung(&self);
     /// A restarted key server lacks keys the running configuration uses
     /// (self-signed certificate made anew, key files changed): reload.
     fn keys_changed(&self);
@@ -86,6 +90,8 @@ struct Connection {
     writer: Mutex<UnixStream>,
     pending: Mutex<Pending>,
     alive: AtomicBool,
+    /// Which key server of the supervisor's this is (1: the first).
+    generation: u64,
     /// The read half before the reader thread takes it: requests made
     /// until then read their answer themselves (at start-up, while the
     /// process must stay single-threaded until privileges are dropped).
@@ -98,13 +104,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Connection {
-    fn new(sock: UnixStream, timeout: Duration) -> io::Result<Arc<Self>> {
+    fn new(sock: UnixStream, timeout: Duration, generation: u64) -> io::Result<Arc<Self>> {
         sock.set_write_timeout(Some(timeout))?;
         let reader = sock.try_clone()?;
         Ok(Arc::new(Self {
             writer: Mutex::new(sock),
             pending: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
+            generation,
             direct: Mutex::new(Some((reader, Deframer::new(proto::MAX_RESPONSE)))),
         }))
     }
@@ -360,6 +367,98 @@ struct Inner {
     /// Set when tlsgate itself closes the key process (an orderly stop):
     /// its going away is then expected, not an error.
     closing: AtomicBool,
+    /// Signatures that time out: warnings, and finding a hung key server.
+    watch: Watch,
+}
+
+/// At most one warning about timed-out signatures per this long.
+const TIMEOUT_WARN_EVERY: Duration = Duration::from_secs(10);
+/// Consecutive timeouts, with no answer between, before the key server is
+/// taken as hung...
+const HUNG_AFTER_TIMEOUTS: u32 = 3;
+/// ...and this many `key_timeout`s after the first of them timed out
+/// (so no answer for three `key_timeout`s since it was asked): a burst of
+/// timeouts at one moment (a slow key, a busy machine) is not a hang.
+const HUNG_AFTER_TIMEOUT_SPANS: u32 = 2;
+
+/// What the signatures that time out say about the key server.
+#[derive(Default)]
+struct Watch {
+    /// A timeout came since the last answer: checked (one load) by every
+    /// answer, so that the usual path takes no lock.
+    timing_out: AtomicBool,
+    state: Mutex<WatchState>,
+}
+
+#[derive(Default)]
+struct WatchState {
+    /// Timeouts not yet in a warning.
+    unlogged: u64,
+    last_warning: Option<Instant>,
+    /// Consecutive timeouts with no answer between, and when the first of
+    /// them timed out.
+    streak: u32,
+    streak_from: Option<Instant>,
+    /// Taken as hung; cleared by an answer or a new key server.
+    hung: bool,
+}
+
+impl Watch {
+    /// A new key server: nothing it did timed out yet.
+    fn reset(&self) {
+        let mut s = lock(&self.state);
+        s.streak = 0;
+        s.streak_from = None;
+        s.hung = false;
+        self.timing_out.store(false, Ordering::Relaxed);
+    }
+
+    /// A signature was answered; `true` when the key server had been taken
+    /// as hung.
+    fn answered(&self) -> bool {
+        if !self.timing_out.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut s = lock(&self.state);
+        self.timing_out.store(false, Ordering::Relaxed);
+        s.streak = 0;
+        s.streak_from = None;
+        std::mem::take(&mut s.hung)
+    }
+
+    /// A signature timed out after `timeout`: warns (rate-limited), and
+    /// says whether the key server is now to be taken as hung.
+    fn timed_out(&self, timeout: Duration) -> bool {
+        let now = Instant::now();
+        let mut s = lock(&self.state);
+        self.timing_out.store(true, Ordering::Relaxed);
+        s.unlogged += 1;
+        if s.last_warning
+            .is_none_or(|t| now.duration_since(t) >= TIMEOUT_WARN_EVERY)
+        {
+            tracing::warn!(
+                "{} signature(s) timed out since the last warning (key_timeout {timeout:?}): \
+                 their handshakes failed; the key server is slow, overloaded or hung: \
+                 check the `tlsgate key-server` process (running, not stopped, its CPU) \
+                 and tlsgate_key_failures_total",
+                s.unlogged
+            );
+            s.unlogged = 0;
+            s.last_warning = Some(now);
+        }
+        s.streak = s.streak.saturating_add(1);
+        let from = *s.streak_from.get_or_insert(now);
+        let hung = !s.hung
+            && s.streak >= HUNG_AFTER_TIMEOUTS
+            && now.duration_since(from) >= timeout * HUNG_AFTER_TIMEOUT_SPANS;
+        if hung {
+            s.hung = true;
+            // A fresh count for the next key server, should it hang too.
+            s.streak = 0;
+            s.streak_from = None;
+        }
+        hung
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -397,13 +496,14 @@ impl KeyClient {
             control: Mutex::new(None),
             supervisor: Mutex::new(Some(child)),
             closing: AtomicBool::new(false),
+            watch: Watch::default(),
         });
         ours.set_read_timeout(Some(CONNECT_TIMEOUT))?;
         let first = tlsgate_sys::ipc::recv_fd(&ours)?
             .ok_or_else(|| io::Error::other("the key supervisor exited at start"))?;
         ours.set_read_timeout(None)?;
         *lock(&inner.control) = Some(ours);
-        *lock(&inner.current) = Some(Connection::new(UnixStream::from(first), timeout)?);
+        *lock(&inner.current) = Some(Connection::new(UnixStream::from(first), timeout, 1)?);
         Ok(KeyClient { inner })
     }
 
@@ -516,6 +616,53 @@ impl Drop for KeyClient {
 }
 
 impl Inner {
+    /// Counts a signature's outcome: failures into the events; timeouts
+    /// watched for a hung key server, which is then killed (by the
+    /// supervisor: we run unprivileged) so that another one starts.
+    fn note(&self, result: &Result<Vec<u8>, KeyUnavailable>) {
+        match result {
+            Ok(_) => {
+                if self.watch.answered() {
+                    tracing::info!("the key server answers again");
+                    self.event(|e| e.key_server(true, false));
+                }
+                return;
+            }
+            Err(KeyUnavailable::Timeout) => {
+                if self.watch.timed_out(self.timeout) {
+                    let generation = lock(&self.current).as_ref().map(|c| c.generation);
+                    tracing::error!(
+                        "the key server answered no signature for {:?} ({} timed out in a row): \
+                         taking it as hung; handshakes fail until it is replaced; asking the \
+                         supervisor to kill it and start another",
+                        self.timeout * (HUNG_AFTER_TIMEOUT_SPANS + 1),
+                        HUNG_AFTER_TIMEOUTS
+                    );
+                    self.event(|e| e.key_hung());
+                    if let Some(g) = generation {
+                        self.ask_restart(g);
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+        if let Err(why) = result {
+            self.event(|e| e.sign_failed(*why));
+        }
+    }
+
+    /// Asks the supervisor to kill key server number `generation` (it
+    /// starts another after its backoff).
+    fn ask_restart(&self, generation: u64) {
+        let control = lock(&self.control);
+        let sent = control
+            .as_ref()
+            .map(|mut c| c.write_all(&generation.to_be_bytes()));
+        if let Some(Err(e)) = sent {
+            tracing::error!("cannot ask the key supervisor for a restart: {e}");
+        }
+    }
+
     fn id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -552,6 +699,8 @@ impl Inner {
 
     /// Takes each new key server into use, until the supervisor is gone.
     fn connector(self: &Arc<Self>, control: &UnixStream) {
+        // The first key server came at spawn; the supervisor counts alike.
+        let mut generation = 1;
         loop {
             let fd = match tlsgate_sys::ipc::recv_fd(control) {
                 Ok(Some(fd)) => fd,
@@ -574,21 +723,33 @@ impl Inner {
                     return;
                 }
             };
-            if let Err(e) = self.adopt(UnixStream::from(fd)) {
-                tracing::error!("restarted key server unusable: {e}");
+            generation += 1;
+            if let Err(e) = self.adopt(UnixStream::from(fd), generation) {
+                // A key server that could not load signs nothing (its
+                // keys are loaded all or none): have it replaced, with the
+                // supervisor's backoff, until the files on disk load
+                // again, rather than failing every handshake until SIGHUP.
+                tracing::error!(
+                    "restarted key server unusable: {e}; handshakes fail until one loads, \
+                     retrying with the supervisor's backoff"
+                );
+                self.ask_restart(generation);
             }
         }
     }
 
-    fn adopt(self: &Arc<Self>, sock: UnixStream) -> Result<(), KeyError> {
-        let conn = Connection::new(sock, self.timeout)?;
+    fn adopt(self: &Arc<Self>, sock: UnixStream, generation: u64) -> Result<(), KeyError> {
+        let conn = Connection::new(sock, self.timeout, generation)?;
         conn.start_reader(self.on_close())?;
         let active = lock(&self.active).clone();
         let loaded = match self.load_on(&conn, &active) {
             Ok(l) => l,
             Err(e) => {
-                // Keep it anyway: the keys it could load still sign.
-                *lock(&self.current) = Some(conn);
+                // Current, so that its exit is seen as a loss; key_up
+                // stays 0 (it was lost before) until one loads.
+                if let Some(old) = lock(&self.current).replace(conn) {
+                    old.close();
+                }
                 return Err(e);
             }
         };
@@ -603,6 +764,7 @@ impl Inner {
         if let Some(old) = lock(&self.current).replace(conn) {
             old.close();
         }
+        self.watch.reset();
         tracing::info!("key server restarted and connected");
         self.event(|e| e.key_server(true, true));
         if missing {
@@ -694,9 +856,7 @@ impl KeyBackend for Inner {
                 _ => Err(KeyUnavailable::Refused),
             }
         })();
-        if let Err(why) = result {
-            self.event(|e| e.sign_failed(why));
-        }
+        self.note(&result);
         result
     }
 
@@ -726,9 +886,7 @@ impl KeyBackend for Inner {
                 Ok(_) => Err(KeyUnavailable::Refused),
                 Err(e) => Err(e),
             };
-            if let Err(why) = result {
-                self.event(|e| e.sign_failed(why));
-            }
+            self.note(&result);
             result
         })
     }
@@ -1115,10 +1273,44 @@ mod tests {
         }
     }
 
+    /// Hung: three timeouts in a row, the last two timeouts after the
+    /// first; not a burst, not with an answer between; once per hang.
+    #[test]
+    fn a_key_server_is_hung_after_timeouts_spanning_three_timeouts() {
+        let t = Duration::from_millis(100);
+        let w = Watch::default();
+        // A burst at one moment is not a hang.
+        for _ in 0..10 {
+            assert!(!w.timed_out(t));
+        }
+        // An answer starts the count again.
+        assert!(!w.answered());
+        std::thread::sleep(2 * t);
+        assert!(!w.timed_out(t));
+        std::thread::sleep(2 * t);
+        assert!(!w.timed_out(t));
+        assert!(!w.answered());
+        assert!(!w.timed_out(t));
+        std::thread::sleep(2 * t);
+        assert!(!w.timed_out(t));
+        assert!(w.timed_out(t), "third in a row, 2 timeouts after the first");
+        // Taken as hung once; an answer says it was.
+        std::thread::sleep(2 * t);
+        for _ in 0..5 {
+            assert!(!w.timed_out(t));
+        }
+        assert!(w.answered());
+        assert!(!w.answered());
+        // Rate-limited warnings: the first, then counted.
+        let s = lock(&w.state);
+        assert!(s.last_warning.is_some());
+        assert_eq!(s.unlogged, 19);
+    }
+
     #[test]
     fn answers_out_of_order_reach_their_waiters() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5), 1).unwrap();
         conn.start_reader(|_| {}).unwrap();
         let waiters: Vec<_> = (1..=3u64)
             .map(|id| {
@@ -1149,7 +1341,7 @@ mod tests {
     #[test]
     fn silence_times_out_and_garbage_closes_the_connection() {
         let (a, mut b) = UnixStream::pair().unwrap();
-        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5), 1).unwrap();
         let closed = Arc::new(AtomicBool::new(false));
         let flag = closed.clone();
         conn.start_reader(move |_| flag.store(true, Ordering::SeqCst))
@@ -1180,7 +1372,7 @@ mod tests {
     /// A connection whose reader runs, and the key server's end of it.
     fn connected() -> (Arc<Connection>, UnixStream) {
         let (a, b) = UnixStream::pair().unwrap();
-        let conn = Connection::new(a, Duration::from_secs(5)).unwrap();
+        let conn = Connection::new(a, Duration::from_secs(5), 1).unwrap();
         conn.start_reader(|_| {}).unwrap();
         (conn, b)
     }

@@ -64,6 +64,10 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
     tlsgate_sys::ipc::die_with_parent(parent)?;
     let me = std::process::id().to_string();
     let mut backoff = BACKOFF_MIN;
+    // Key servers handed over so far: the network side names the one it
+    // asks us to kill by this count, so a late ask never hits its successor.
+    let mut generation: u64 = 0;
+    let asks = restart_asks(control.try_clone()?)?;
     loop {
         let (ours, theirs) = tlsgate_sys::ipc::socket_pair()?;
         // /proc/self/exe: the very binary that runs now, even if the file
@@ -95,7 +99,8 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
             return Ok(());
         }
         drop(ours);
-        let status = child.wait()?;
+        generation += 1;
+        let status = wait_or_kill(&mut child, generation, &asks)?;
         if started.elapsed() >= HEALTHY_AFTER {
             backoff = BACKOFF_MIN;
         }
@@ -108,6 +113,62 @@ pub fn supervise(control: UnixStream, parent: u32, worker_args: Vec<OsString>) -
         }
         std::thread::sleep(backoff);
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Bytes of a restart ask on the control socket: the generation (1 for
+/// the first key server handed over), big-endian.
+pub(crate) const RESTART_ASK_LEN: usize = 8;
+/// How often the supervisor checks its key server for an exit while it
+/// waits for restart asks.
+const CHILD_POLL: Duration = Duration::from_millis(50);
+
+/// Reads restart asks from the network side on a thread of their own (the
+/// main thread waits for the key server); the channel closes with the
+/// control socket.
+fn restart_asks(mut control: UnixStream) -> io::Result<std::sync::mpsc::Receiver<u64>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("restart-asks".into())
+        .spawn(move || {
+            let mut ask = [0u8; RESTART_ASK_LEN];
+            while control.read_exact(&mut ask).is_ok() {
+                if tx.send(u64::from_be_bytes(ask)).is_err() {
+                    return;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// Waits for `child` (key server number `generation`) to exit, killing it
+/// when the network side asks for that generation: a hung key server
+/// (stopped, deadlocked) never exits by itself, and the network side
+/// cannot signal it (it runs unprivileged). The child is reaped only here,
+/// so its pid cannot be reused by another process while we may kill it.
+fn wait_or_kill(
+    child: &mut std::process::Child,
+    generation: u64,
+    asks: &std::sync::mpsc::Receiver<u64>,
+) -> io::Result<std::process::ExitStatus> {
+    use std::sync::mpsc::RecvTimeoutError;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        match asks.recv_timeout(CHILD_POLL) {
+            Ok(g) if g == generation => {
+                tracing::error!(
+                    "killing the key server (pid {}): the serving process finds it hung",
+                    child.id()
+                );
+                child.kill()?;
+            }
+            // Asked about a key server already replaced.
+            Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+            // The network side is gone: its key server exits on EOF.
+            Err(RecvTimeoutError::Disconnected) => return child.wait(),
+        }
     }
 }
 

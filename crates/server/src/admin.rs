@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+use crate::keys::KeyState;
 use crate::Shared;
 
 /// Admin connections open at once, idle ones included; more wait in the
@@ -123,7 +124,16 @@ async fn answer(
             b"/healthz" if *shared.shutdown.borrow() => {
                 (503, "text/plain", "shutting down\n".into())
             }
-            b"/healthz" => (200, "text/plain", "ok\n".into()),
+            b"/healthz" => match shared.key_state.get() {
+                KeyState::Up => (200, "text/plain", "ok\n".into()),
+                // Every full handshake fails meanwhile: out of the pool.
+                KeyState::Down => (503, "text/plain", "key process down\n".into()),
+                KeyState::Hung => (
+                    503,
+                    "text/plain",
+                    "key process hung (being restarted)\n".into(),
+                ),
+            },
             _ => (
                 404,
                 "text/plain",

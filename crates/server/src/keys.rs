@@ -5,6 +5,7 @@
 //! read a key file.
 
 use std::ffi::OsString;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use tlsgate_config::{Config, ConfigError};
@@ -115,6 +116,7 @@ impl Keys {
         rekey: UnboundedSender<()>,
     ) -> std::io::Result<()> {
         shared.metrics.key_up.set(1);
+        shared.key_state.set(KeyState::Up);
         match self {
             Keys::InProcess(_) => Ok(()),
             Keys::Isolated(c) => c.start(Box::new(MetricEvents {
@@ -146,9 +148,18 @@ impl Events for MetricEvents {
     fn key_server(&self, up: bool, restart: bool) {
         if let Some(s) = self.shared.upgrade() {
             s.metrics.key_up.set(i64::from(up));
+            s.key_state
+                .set(if up { KeyState::Up } else { KeyState::Down });
             if up && restart {
                 s.metrics.key_restarts.inc();
             }
+        }
+    }
+
+    fn key_hung(&self) {
+        if let Some(s) = self.shared.upgrade() {
+            s.metrics.key_up.set(0);
+            s.key_state.set(KeyState::Hung);
         }
     }
 
@@ -168,4 +179,34 @@ pub(crate) fn key_ids(certs: &[Vec<LoadedCert>], material: &Material) -> Vec<u64
         .filter_map(|c| c.key.public_key())
         .map(|spki| tlsgate_tls::remote::fingerprint(spki.as_ref()))
         .collect()
+}
+
+/// Whether the key process can sign, for `/healthz` (a load balancer takes
+/// an instance out whose full handshakes all fail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyState {
+    Up = 0,
+    /// No key server connected (died, not loaded, supervisor gone).
+    Down = 1,
+    /// Connected, but its signatures time out (it is being replaced).
+    Hung = 2,
+}
+
+/// A [`KeyState`] shared by the key client's threads and the admin
+/// listener.
+#[derive(Debug, Default)]
+pub(crate) struct KeyHealth(AtomicU8);
+
+impl KeyHealth {
+    pub(crate) fn set(&self, state: KeyState) {
+        self.0.store(state as u8, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(&self) -> KeyState {
+        match self.0.load(Ordering::Relaxed) {
+            0 => KeyState::Up,
+            1 => KeyState::Down,
+            _ => KeyState::Hung,
+        }
+    }
 }

@@ -120,6 +120,8 @@ pub struct Shared {
     pub shutdown: watch::Sender<bool>,
     /// What the kernel offers for TLS offload, probed once at start.
     pub ktls: tlsgate_sys::ktls::Support,
+    /// Whether the key process signs (for `/healthz`).
+    pub(crate) key_state: keys::KeyHealth,
 }
 
 impl Shared {
@@ -314,6 +316,7 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
         access_log,
         shutdown,
         ktls,
+        key_state: keys::KeyHealth::default(),
     });
     let (rekey, mut rekeyed) = tokio::sync::mpsc::unbounded_channel();
     keys.start_threads(&shared, rekey)?;

@@ -910,3 +910,271 @@ fn a_tls12_upstream_with_a_large_chain_gets_its_client_signature() {
         assert_eq!(body_text(&r), "mtls");
     }
 }
+
+/// A process of the test's own server stopped with SIGSTOP: continued when
+/// dropped (a failed assertion included), if it is still the child of the
+/// parent it had (so never a process that reused its pid).
+struct Stopped {
+    pid: u32,
+    parent: u32,
+}
+
+impl Stopped {
+    fn stop(pid: u32, parent: u32) -> Stopped {
+        assert_eq!(ppid(pid), Some(parent), "{pid} is not a child of {parent}");
+        signal(pid, "-STOP");
+        Stopped { pid, parent }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if ppid(self.pid) == Some(self.parent) {
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.pid.to_string()])
+                .status();
+        }
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// (status line's code, body) of `/healthz`.
+fn healthz(server: &Server) -> (u16, String) {
+    let answer = server.admin_get("/healthz");
+    let code = answer
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("{answer}"));
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (code, body)
+}
+
+/// Full handshakes from `n` threads, one after the other each, until
+/// `stop` is set: signatures keep being asked for.
+fn keep_handshaking(
+    addr: std::net::SocketAddr,
+    n: usize,
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if fetch(addr, "localhost", &rustls::version::TLS13).is_ok() {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// A key server that hangs (SIGSTOP: alive, answering nothing) is found out
+/// by its signatures timing out (key_timeout 2 s): they are logged (once,
+/// rate-limited), it is taken as hung after three key_timeouts without an
+/// answer, key_up goes 0 and /healthz 503, and the supervisor kills it and
+/// starts another: handshakes work again with no one's help. It used to
+/// stay hung, unlogged, with key_up 1 and /healthz 200.
+#[test]
+fn a_hung_key_server_is_killed_and_replaced_and_healthz_fails_meanwhile() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx, &fx.config("", ""));
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    assert_eq!(healthz(&server), (200, "ok\n".into()));
+    let (sup, ks) = key_processes(&server);
+    let stopped_at = Instant::now();
+    let _stopped = Stopped::stop(ks, sup);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = keep_handshaking(server.addr, 4, &stop);
+    // Watch key_up and /healthz closely: once killed, the key server is
+    // replaced after the supervisor's first backoff (100 ms).
+    let mut saw_key_down = None;
+    let mut saw_503 = None;
+    let recovered = loop {
+        let elapsed = stopped_at.elapsed();
+        assert!(
+            elapsed < Duration::from_secs(20),
+            "not recovered in 20 s:\n{}",
+            server.log()
+        );
+        if server.metric("tlsgate_key_up") == 0.0 {
+            saw_key_down.get_or_insert(elapsed);
+        }
+        let (code, body) = healthz(&server);
+        if code == 503 {
+            assert!(body.starts_with("key process "), "{body}");
+            saw_503.get_or_insert(elapsed);
+        }
+        if saw_key_down.is_some()
+            && server.metric("tlsgate_key_restarts_total") == 1.0
+            && fetch(server.addr, "localhost", &rustls::version::TLS13).is_ok()
+        {
+            break stopped_at.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for c in clients {
+        c.join().unwrap();
+    }
+    eprintln!(
+        "key_up 0 at {saw_key_down:?}, 503 at {saw_503:?}, handshakes again at {recovered:?}"
+    );
+    let log = server.log();
+    // What an operator reads (shown with --nocapture).
+    for line in log
+        .lines()
+        .filter(|l| l.contains("key server") || l.contains("signature"))
+    {
+        eprintln!("{line}");
+    }
+    let down = saw_key_down.unwrap();
+    // No answer for three key_timeouts (6 s) before it is taken as hung
+    // (less the few ms of a signature asked just before the stop).
+    assert!(down >= Duration::from_millis(5900), "{down:?}\n{log}");
+    assert!(recovered < Duration::from_secs(10), "{recovered:?}\n{log}");
+    assert!(saw_503.is_some(), "/healthz never 503:\n{log}");
+    // The stopped one was killed, not continued: another serves.
+    assert_ne!(ppid(ks), Some(sup), "{ks} still there:\n{log}");
+    let (sup2, ks2) = key_processes(&server);
+    assert_eq!(sup2, sup);
+    assert_ne!(ks2, ks);
+    let warnings = log.matches("timed out since the last warning").count();
+    assert_eq!(warnings, 1, "one warning per 10 s:\n{log}");
+    assert!(log.contains("WARN"), "{log}");
+    assert!(log.contains("taking it as hung"), "{log}");
+    assert!(
+        log.contains(&format!("killing the key server (pid {ks})")),
+        "{log}"
+    );
+    assert!(log.contains("key server restarted and connected"), "{log}");
+    assert_eq!(server.metric("tlsgate_key_up"), 1.0);
+    assert_eq!(healthz(&server), (200, "ok\n".into()));
+    assert!(server.metric("tlsgate_key_failures_total{reason=\"timeout\"}") >= 3.0);
+    assert!(!log.contains("panicked"), "{log}");
+}
+
+/// While a key server is taken as hung and not yet replaced (its
+/// supervisor held too, so the state lasts), /healthz says why and key_up
+/// is 0; once the supervisor runs it kills the hung one and the next one
+/// serves: /healthz 200, key_up 1.
+#[test]
+fn healthz_says_hung_until_the_hung_key_server_is_replaced() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx, &fx.config("[server]\nkey_timeout = \"1s\"\n", ""));
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    let (sup, ks) = key_processes(&server);
+    let held = Stopped::stop(sup, server.pid());
+    let _stopped = Stopped::stop(ks, sup);
+    let stopped_at = Instant::now();
+    // One handshake at a time: 1 s each, the third after 3 s is the one.
+    loop {
+        assert!(
+            fetch(server.addr, "localhost", &rustls::version::TLS13).is_err(),
+            "a stopped key server signed"
+        );
+        if healthz(&server).0 == 503 {
+            break;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(10),
+            "not taken as hung:\n{}",
+            server.log()
+        );
+    }
+    let hung_after = stopped_at.elapsed();
+    assert!(hung_after >= Duration::from_secs(3), "{hung_after:?}");
+    // It stays so while nothing replaces it.
+    for _ in 0..5 {
+        assert_eq!(
+            healthz(&server),
+            (503, "key process hung (being restarted)\n".into())
+        );
+        assert_eq!(server.metric("tlsgate_key_up"), 0.0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(server.log().contains("ERROR"), "{}", server.log());
+    drop(held);
+    let continued = Instant::now();
+    while fetch(server.addr, "localhost", &rustls::version::TLS13).is_err() {
+        assert!(
+            continued.elapsed() < Duration::from_secs(5),
+            "not replaced:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "hung after {hung_after:?}; serving {:?} after the supervisor ran",
+        continued.elapsed()
+    );
+    assert_ne!(ppid(ks), Some(sup));
+    assert_eq!(healthz(&server), (200, "ok\n".into()));
+    assert_eq!(server.metric("tlsgate_key_up"), 1.0);
+    assert_eq!(server.metric("tlsgate_key_restarts_total"), 1.0);
+}
+
+/// A key server restarted while the configuration file on disk holds a bad
+/// edit (not applied: no SIGHUP) cannot load and signs nothing: it is
+/// replaced again with the supervisor's backoff, /healthz says 503 and
+/// key_up 0 meanwhile, and once the file is fixed the next one serves,
+/// without a SIGHUP. It used to be kept, failing every full handshake until
+/// a SIGHUP.
+#[test]
+fn a_key_server_that_cannot_load_is_replaced_until_the_file_is_fixed() {
+    let fx = Fixture::new();
+    let good = fx.config("", "");
+    let server = Server::start(&fx, &good);
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    let (sup, ks) = key_processes(&server);
+    let path = fx.path().join("tlsgate.toml");
+    std::fs::write(&path, format!("{good}\n[[listener.certificate]]\ncert = \"/nonexistent.pem\"\nkey = \"/nonexistent.key\"\n")).unwrap();
+    assert_eq!(ppid(ks), Some(sup));
+    signal(ks, "-KILL");
+    server.wait_log("restarted key server unusable", Duration::from_secs(10));
+    let broken_at = Instant::now();
+    // Replaced again and again (backoff 200 ms, 400 ms, ...), each unusable.
+    while server
+        .log()
+        .matches("restarted key server unusable")
+        .count()
+        < 3
+    {
+        assert!(
+            broken_at.elapsed() < Duration::from_secs(10),
+            "{}",
+            server.log()
+        );
+        assert_eq!(healthz(&server), (503, "key process down\n".into()));
+        assert_eq!(server.metric("tlsgate_key_up"), 0.0);
+        assert!(fetch(server.addr, "localhost", &rustls::version::TLS13).is_err());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::write(&path, &good).unwrap();
+    let fixed = Instant::now();
+    while fetch(server.addr, "localhost", &rustls::version::TLS13).is_err() {
+        assert!(
+            fixed.elapsed() < Duration::from_secs(15),
+            "not serving after the fix:\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("serving {:?} after the fix", fixed.elapsed());
+    assert_eq!(healthz(&server), (200, "ok\n".into()));
+    assert_eq!(server.metric("tlsgate_key_up"), 1.0);
+    assert!(
+        !server.log().contains("reload"),
+        "no SIGHUP, no reload:\n{}",
+        server.log()
+    );
+}
