@@ -596,8 +596,9 @@ pub fn read_file(path: &Path) -> Result<String, ConfigError> {
     })
 }
 
-/// What a file that is not regular is, for messages.
-fn file_kind(t: &std::fs::FileType) -> &'static str {
+/// What a file that is not regular is, for messages (also the ticket key
+/// file's).
+pub fn file_kind(t: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt as _;
     if t.is_dir() {
         "a directory"

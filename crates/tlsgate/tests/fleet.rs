@@ -659,32 +659,6 @@ fn cached_sessions_expire_after_the_ticket_lifetime() {
     }
 }
 
-/// Runs `tlsgate ticket-keys ARGS`, killed if it takes over 5 s (it once
-/// waited forever opening a FIFO); its exit code and error output.
-fn ticket_keys_within_5s(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(bin())
-        .arg("ticket-keys")
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("ticket-keys {args:?} still running after 5 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `generate --force` replaces key files, nothing else: a FIFO (never
 /// opened, so no wait for a writer), a character device (a scratch
 /// /dev/null made with mknod), a directory and a symlink to a FIFO are
@@ -728,11 +702,14 @@ fn generate_force_and_rotate_refuse_what_is_not_a_regular_file() {
         let before = state(path);
         let p = path.to_str().unwrap();
         for (args, says) in [
-            (&["generate", p, "--force"][..], generate_says),
-            (&["generate", p][..], generate_says),
-            (&["rotate", p][..], rotate_says),
+            (
+                &["ticket-keys", "generate", p, "--force"][..],
+                generate_says,
+            ),
+            (&["ticket-keys", "generate", p][..], generate_says),
+            (&["ticket-keys", "rotate", p][..], rotate_says),
         ] {
-            let (code, err) = ticket_keys_within_5s(args);
+            let (code, err) = common::tlsgate_within_5s(args);
             assert_eq!(code, Some(2), "{args:?}: {err}");
             assert!(err.contains(says), "{args:?}: wanted {says:?} in {err}");
             assert!(err.contains("expected a regular file"), "{err}");

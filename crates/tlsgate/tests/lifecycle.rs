@@ -783,32 +783,6 @@ fn check_config_refuses_overlapping_listeners_naming_both() {
     }
 }
 
-/// Runs `tlsgate ARGS`, killed if it takes over 5 s (on
-/// /dev/zero it once read until the OOM killer came); exit code, stderr.
-fn tlsgate_within_5s(args: &[&str]) -> (Option<i32>, String) {
-    let mut child = Command::new(bin())
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            panic!("tlsgate {args:?} still running after 5 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// A config file is a regular file of at most 16 MiB: /dev/zero (which
 /// was read until the OOM killer came), a FIFO nobody writes to (never
 /// opened, so no wait) and a file one byte over are refused by
@@ -841,7 +815,7 @@ fn a_config_that_is_a_device_or_too_large_is_refused_at_once() {
     ] {
         for cmd in [&["check-config"][..], &["serve", "--config"][..]] {
             let args = [cmd, &[file]].concat();
-            let (code, err) = tlsgate_within_5s(&args);
+            let (code, err) = common::tlsgate_within_5s(&args);
             assert_eq!(code, Some(2), "{args:?}: {err}");
             assert!(err.contains(&format!("{file}: {says}")), "{args:?}: {err}");
             assert!(!err.contains("listening"), "{err}");

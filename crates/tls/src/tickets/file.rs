@@ -400,34 +400,22 @@ fn refuse_unless_regular(path: &Path) -> Result<(), KeyFileError> {
         if !meta.is_file() {
             return Err(fail(
                 path,
-                format!("is a symlink to {}; {expected}", kind(&meta.file_type())),
+                format!(
+                    "is a symlink to {}; {expected}",
+                    tlsgate_config::file_kind(&meta.file_type())
+                ),
             ));
         }
     } else if !own.is_file() {
         return Err(fail(
             path,
-            format!("is {}; {expected}", kind(&own.file_type())),
+            format!(
+                "is {}; {expected}",
+                tlsgate_config::file_kind(&own.file_type())
+            ),
         ));
     }
     Ok(())
-}
-
-/// What a file that is not regular is, for messages.
-fn kind(t: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "a directory"
-    } else if t.is_fifo() {
-        "a FIFO"
-    } else if t.is_char_device() {
-        "a character device"
-    } else if t.is_block_device() {
-        "a block device"
-    } else if t.is_socket() {
-        "a socket"
-    } else {
-        "not a regular file"
-    }
 }
 
 /// The file `path` names, through any symlinks: a key file shared by a
@@ -457,7 +445,10 @@ fn lock_current(path: &Path) -> Result<File, KeyFileError> {
         if !meta.is_file() {
             return Err(fail(
                 path,
-                format!("is {}; expected a regular file", kind(&meta.file_type())),
+                format!(
+                    "is {}; expected a regular file",
+                    tlsgate_config::file_kind(&meta.file_type())
+                ),
             ));
         }
         loop {

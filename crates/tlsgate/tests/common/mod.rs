@@ -147,6 +147,33 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_tlsgate")
 }
 
+/// Runs `tlsgate ARGS`, killed if it takes over 5 s (on /dev/zero it
+/// once read until the OOM killer came, on a FIFO it waited forever);
+/// exit code, stderr.
+pub fn tlsgate_within_5s(args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("tlsgate {args:?} still running after 5 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `tlsgate check-config CONFIG`, which must pass.
 pub fn check_config_passes(config: &Path) {
     let out = Command::new(bin())
