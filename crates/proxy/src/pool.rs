@@ -616,9 +616,8 @@ impl Pool {
         }
         if s.waiting.load(Ordering::SeqCst) > 0 {
             drop(list);
-            if let Some(unwanted) = Self::hand_over(s, conn) {
-                drop(unwanted);
-            }
+            // Given back when the oldest waits on another thread: closed.
+            drop(Self::hand_over(s, conn));
             return;
         }
         // Expired ones first, so the list does not fill with dead ones
