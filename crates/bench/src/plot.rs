@@ -15,6 +15,7 @@ fn color(t: TargetKind) -> RGBColor {
         TargetKind::TlsgateKeysInProcess => RGBColor(0x9e, 0xc9, 0xe8),
         TargetKind::Nginx => RGBColor(0x2c, 0xa0, 0x2c),
         TargetKind::Haproxy => RGBColor(0xd6, 0x27, 0x28),
+        TargetKind::HaproxyRelay => RGBColor(0xf2, 0xa0, 0xa1),
     }
 }
 

@@ -16,6 +16,11 @@
 //! core's busy share are reported beside the proxy's figures, and a cell
 //! whose generator core was saturated while the proxy was not is marked
 //! generator-bound.
+//!
+//! Beside the proxies, where nginx or HAProxy is compared, a TLS relay
+//! (HAProxy in `mode tcp`) in the keep-alive cases: TLS terminated, bytes
+//! relayed, no HTTP read. What it costs per request is what any proxy
+//! pays on this machine before it does any HTTP work.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -172,7 +177,7 @@ const PROXY_PROTOCOL_SUFFIX: &str = ", PROXY protocol v2 upstream";
 impl Case {
     fn label(&self) -> String {
         let load = match self.load {
-            Load::KeepAlive(size) => format!("{} keep-alive", size_label(size)),
+            Load::KeepAlive(size) => format!("{}{KEEP_ALIVE_SUFFIX}", size_label(size)),
             Load::NewConnection => "1 KiB, new TLS 1.3 connection per request".into(),
         };
         if self.proxy_protocol {
@@ -193,9 +198,33 @@ pub fn case_labels() -> Vec<String> {
 }
 
 /// Whether the case labelled `case` is measured on `target`: the PROXY
-/// protocol cases only where the target can send the header.
+/// protocol cases only where the target can send the header; the TLS
+/// relay only in the keep-alive cases, where each of its client
+/// connections keeps one upstream connection as the proxies' pools do
+/// (with a new connection per request it would also pay an upstream
+/// connection per request, which the proxies do not).
 pub fn measures(case: &str, target: TargetKind) -> bool {
+    if target == TargetKind::HaproxyRelay {
+        return case.ends_with(KEEP_ALIVE_SUFFIX);
+    }
     !case.ends_with(PROXY_PROTOCOL_SUFFIX) || target.sends_proxy_protocol()
+}
+
+/// What the label of a plain keep-alive case ends with.
+const KEEP_ALIVE_SUFFIX: &str = " keep-alive";
+
+/// The targets of the scenario: those asked for and, where nginx or
+/// HAProxy is among them, the TLS relay, the floor their ratios are read
+/// against.
+pub fn scenario_targets(asked: &[TargetKind]) -> Vec<TargetKind> {
+    let mut out = asked.to_vec();
+    let compared = asked
+        .iter()
+        .any(|t| matches!(t, TargetKind::Nginx | TargetKind::Haproxy));
+    if compared && !out.contains(&TargetKind::HaproxyRelay) {
+        out.push(TargetKind::HaproxyRelay);
+    }
+    out
 }
 
 fn cases() -> [Case; 5] {
@@ -234,7 +263,7 @@ pub fn run(
     let mut settings = opts.settings(64 << 10);
     settings.proxy_to = Some(upstream.addrs());
     let mut targets = Vec::new();
-    for kind in &opts.targets {
+    for kind in &scenario_targets(&opts.targets) {
         let t = Target::start(*kind, materials, &settings)?;
         results
             .versions

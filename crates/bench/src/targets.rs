@@ -33,6 +33,13 @@ pub enum TargetKind {
     Nginx,
     /// HAProxy with OpenSSL (Debian package).
     Haproxy,
+    /// HAProxy in `mode tcp`, only in the proxy scenario: it terminates TLS
+    /// and relays the bytes to the upstream without reading HTTP, one
+    /// upstream connection per client connection. No proxy can do less
+    /// for a request, so its CPU is the floor of that scenario's ratios on
+    /// this machine (the kernel's TCP work plus TLS's records).
+    #[serde(rename = "haproxy-relay")]
+    HaproxyRelay,
 }
 
 impl TargetKind {
@@ -40,14 +47,16 @@ impl TargetKind {
     pub const ALL: [TargetKind; 3] = [Self::Tlsgate, Self::Nginx, Self::Haproxy];
 
     /// Every kind, in report order.
-    pub const REPORTED: [TargetKind; 4] = [
+    pub const REPORTED: [TargetKind; 5] = [
         Self::Tlsgate,
         Self::TlsgateKeysInProcess,
         Self::Nginx,
         Self::Haproxy,
+        Self::HaproxyRelay,
     ];
 
-    /// Parses "tlsgate", "tlsgate-inproc", "nginx" or "haproxy".
+    /// Parses "tlsgate", "tlsgate-inproc", "nginx" or "haproxy" (the relay
+    /// is not a target of its own: the proxy scenario adds it).
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "tlsgate" => Some(Self::Tlsgate),
@@ -65,6 +74,7 @@ impl TargetKind {
             Self::TlsgateKeysInProcess => "tlsgate-inproc",
             Self::Nginx => "nginx",
             Self::Haproxy => "haproxy",
+            Self::HaproxyRelay => "haproxy-relay",
         }
     }
 }
@@ -109,7 +119,7 @@ impl TargetKind {
     /// Whether it can begin its upstream connections with a PROXY protocol
     /// header in HTTP mode (nginx can only in its `stream` module).
     pub fn sends_proxy_protocol(self) -> bool {
-        !matches!(self, Self::Nginx)
+        !matches!(self, Self::Nginx | Self::HaproxyRelay)
     }
 }
 
@@ -287,12 +297,22 @@ impl Target {
                     version,
                 )
             }
-            TargetKind::Haproxy => {
+            TargetKind::Haproxy | TargetKind::HaproxyRelay => {
                 let program = find("haproxy", &["/usr/sbin/haproxy"])?;
                 let conf = dir.join("haproxy.cfg");
-                let text = match settings.proxy_to {
-                    Some(upstream) => haproxy_proxy_config(materials, addr, upstream),
-                    None => haproxy_config(materials, addr, settings.max_file)?,
+                let text = match (kind, settings.proxy_to) {
+                    (TargetKind::HaproxyRelay, Some(upstream)) => {
+                        haproxy_relay_config(materials, addr, upstream)
+                    }
+                    (TargetKind::HaproxyRelay, None) => return Err(BenchError::Target {
+                        target: kind.to_string(),
+                        problem:
+                            "a TLS relay has nothing to serve: it runs in the proxy scenario only"
+                                .into(),
+                        log: String::new(),
+                    }),
+                    (_, Some(upstream)) => haproxy_proxy_config(materials, addr, upstream),
+                    (_, None) => haproxy_config(materials, addr, settings.max_file)?,
                 };
                 write(&conf, &text)?;
                 let version = program_version(&program, &["-v"]);
@@ -797,6 +817,29 @@ backend upstream_pp
         head = haproxy_head(""),
         plain = upstream.plain,
         pp = upstream.proxy_protocol,
+        ecdsa = m.ecdsa.combined.display(),
+        rsa = m.rsa.combined.display(),
+    )
+}
+
+/// HAProxy as a TLS relay (`mode tcp`): one thread, both certificates,
+/// each client connection's decrypted bytes relayed to the upstream's
+/// plain port on a connection of its own, nothing parsed, no forwarding
+/// headers; its `mode tcp` overrides the HTTP defaults of the head.
+pub fn haproxy_relay_config(m: &Materials, addr: SocketAddr, upstream: ProxyUpstream) -> String {
+    format!(
+        r#"{head}
+frontend relay
+    mode tcp
+    bind {addr} ssl crt {ecdsa} crt {rsa} alpn http/1.1
+    default_backend upstream
+
+backend upstream
+    mode tcp
+    server u1 {plain}
+"#,
+        head = haproxy_head(""),
+        plain = upstream.plain,
         ecdsa = m.ecdsa.combined.display(),
         rsa = m.rsa.combined.display(),
     )
