@@ -649,6 +649,91 @@ fn the_network_process_runs_as_nobody_without_capabilities_and_serves() {
     );
 }
 
+/// `setpriv` arguments for a root process without CAP_SYS_PTRACE (gone
+/// from its bounding set, so from every set after exec) and with every
+/// other capability: only a target's dumpability is then between it and
+/// a root process of the same capabilities.
+const WITHOUT_PTRACE: [&str; 5] = [
+    "setpriv",
+    "--bounding-set",
+    "-sys_ptrace",
+    "--inh-caps",
+    "-all",
+];
+
+/// Opens /proc/PID/mem of `pid` (what a debugger or a memory dump reads)
+/// from a root process without CAP_SYS_PTRACE, and reads nothing: `Err`
+/// with what the shell said when the kernel refuses the open.
+fn open_memory_without_ptrace(pid: u32) -> Result<(), String> {
+    let mem = format!("/proc/{pid}/mem");
+    let out = Command::new("timeout")
+        .arg("10")
+        .args(WITHOUT_PTRACE)
+        .args(["sh", "-c", "exec 3< \"$0\"", &mem])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// tlsgate as root (no `server.user`) without CAP_SYS_PTRACE, as the
+/// reader of [`open_memory_without_ptrace`], so that the reader holds
+/// every capability the key processes hold: only dumpability decides.
+fn start_without_ptrace(fx: &Fixture, top: &str) -> Server {
+    let path = fx.write_config(&fx.config(top, ""));
+    let server = Server::spawn_under(
+        &WITHOUT_PTRACE,
+        &["serve", "--config", path.to_str().unwrap()],
+    );
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    server
+}
+
+/// The key server is not dumpable from its start: a process of its own
+/// user (root here) without CAP_SYS_PTRACE cannot open its memory, and a
+/// crash writes no core file with its keys. Neither is the serving process
+/// (ticket keys, traffic secrets), which stays root here, where the
+/// kernel's own clearing at a change of uid does not apply. The key
+/// supervisor, which holds no key and is left dumpable, shows that the
+/// same reader opens a dumpable one. Both used to be open to that reader.
+#[test]
+fn the_key_server_and_the_serving_process_are_not_dumpable() {
+    let fx = Fixture::new();
+    let server = start_without_ptrace(&fx, "");
+    let (sup, ks) = key_processes(&server);
+    for pid in [server.pid(), sup, ks] {
+        assert_eq!(status_field(pid, None, "Uid"), "0\t0\t0\t0", "{pid}");
+    }
+    open_memory_without_ptrace(sup).expect("a dumpable root process is open to the reader");
+    for (who, pid) in [("key server", ks), ("serving process", server.pid())] {
+        let refused = open_memory_without_ptrace(pid).expect_err(who);
+        assert!(refused.contains("Permission denied"), "{who}: {refused}");
+    }
+    // Still signing, still serving.
+    fetch(server.addr, "localhost", &rustls::version::TLS12).unwrap();
+    assert!(!server.log().contains("core_dumps"), "{}", server.log());
+}
+
+/// `server.core_dumps = true` makes the serving process dumpable again
+/// after it drops its privileges (an operator chasing a crash), and says
+/// so; the key server stays not dumpable.
+#[test]
+fn core_dumps_make_the_serving_process_dumpable_but_never_the_key_server() {
+    let fx = Fixture::new();
+    let server = start_without_ptrace(&fx, "[server]\ncore_dumps = true\n");
+    let (_, ks) = key_processes(&server);
+    open_memory_without_ptrace(server.pid()).expect("core_dumps: the serving process is dumpable");
+    let refused = open_memory_without_ptrace(ks).expect_err("the key server");
+    assert!(refused.contains("Permission denied"), "{refused}");
+    server.wait_log(
+        "server.core_dumps: the serving process is dumpable",
+        Duration::from_secs(5),
+    );
+}
+
 /// With `server.user`, an upstream's client key, its CA bundle and a
 /// listener's `client_ca` readable by root only: a request through the
 /// mTLS pool works, a SIGHUP is accepted (the key process reads the files
