@@ -361,6 +361,19 @@ fn no_private_key_in_the_network_process_memory_and_the_search_finds_one_in_proc
     assert!(found.iter().any(|n| n.starts_with("rsa p")), "{found:?}");
 }
 
+/// Waits until `handshakes` handshakes have failed for want of a
+/// signature (the server counts after the client moved on), then checks
+/// how many signatures failed for each reason.
+fn assert_key_failures(server: &Server, handshakes: u32, reasons: &[(&str, u32)]) {
+    let m = server.expect_metric_line(&format!(
+        "tlsgate_handshake_failures_total{{reason=\"key_unavailable\"}} {handshakes}"
+    ));
+    for (reason, n) in reasons {
+        let line = format!("tlsgate_key_failures_total{{reason=\"{reason}\"}} {n}");
+        assert!(m.contains(&line), "wanted {line:?} in\n{m}");
+    }
+}
+
 #[test]
 fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
     let fx = Fixture::new();
@@ -389,15 +402,7 @@ fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
             "{v:?}: no key server, no handshake"
         );
     }
-    let m = server.metrics_when(|t| t.contains("reason=\"key_unavailable\"} 2"));
-    assert!(
-        m.contains("tlsgate_handshake_failures_total{reason=\"key_unavailable\"} 2"),
-        "{m}"
-    );
-    assert!(
-        m.contains("tlsgate_key_failures_total{reason=\"down\"} 2"),
-        "{m}"
-    );
+    assert_key_failures(&server, 2, &[("down", 2)]);
 
     sig("-CONT", sup);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1262,4 +1267,82 @@ fn a_key_server_that_cannot_load_is_replaced_until_the_file_is_fixed() {
         "no SIGHUP, no reload:\n{}",
         server.log()
     );
+}
+
+/// `openssl s_client` against `addr` with `args` and nothing to send,
+/// killed after 10 s: what it printed, standard error first.
+fn s_client_says(addr: std::net::SocketAddr, args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .args(["10", "openssl", "s_client", "-connect", &addr.to_string()])
+        .args(["-servername", "localhost"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("timeout and openssl must be installed (./dev setup installs openssl)");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
+}
+
+/// The fatal alert a client reads when its handshake's signature fails.
+fn assert_internal_error_alert(said: &str, what: &str) {
+    assert!(
+        said.contains("alert internal error") && said.contains("SSL alert number 80"),
+        "{what}: no internal_error alert:\n{said}"
+    );
+    assert!(!said.contains("unexpected eof"), "{what}: cut off:\n{said}");
+}
+
+/// A handshake whose signature the key process does not give ends in a
+/// fatal internal_error alert the client reads, not in a closed stream:
+/// over TLS 1.3 and 1.2 (openssl) and after a HelloRetryRequest (rustls),
+/// when the key server is stopped (the signature times out) and when it is
+/// gone (down). It used to end in a bare close, after the ServerHello
+/// alone over TLS 1.3 ("unexpected eof" in openssl).
+#[test]
+fn a_signature_the_key_process_does_not_give_ends_the_handshake_with_internal_error() {
+    let fx = Fixture::new();
+    let top = "[server]\nkey_timeout = \"1s\"\n\n[tls]\nkey_exchange_groups = [\"X25519\", \"secp256r1\"]\n";
+    let server = Server::start(&fx, &fx.config(top, ""));
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    let (sup, ks) = key_processes(&server);
+
+    // One signature timing out: not enough to take the key server as hung.
+    {
+        let _stopped = Stopped::stop(ks, sup);
+        let said = s_client_says(server.addr, &["-tls1_3"]);
+        assert_internal_error_alert(&said, "TLS 1.3, key server stopped");
+    }
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+
+    // No key server (its supervisor held, so none comes back meanwhile).
+    let held = Stopped::stop(sup, server.pid());
+    signal(ks, "-KILL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric("tlsgate_key_up") != 0.0 {
+        assert!(Instant::now() < deadline, "key_up stayed 1");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (args, what) in [
+        (["-tls1_3"], "TLS 1.3, down"),
+        (["-tls1_2"], "TLS 1.2, down"),
+    ] {
+        assert_internal_error_alert(&s_client_says(server.addr, &args), what);
+    }
+    let retried = full_handshake(server.addr, true).unwrap_err();
+    assert!(
+        retried.contains("received fatal alert: InternalError"),
+        "after a HelloRetryRequest: {retried}"
+    );
+    assert_key_failures(&server, 4, &[("timeout", 1), ("down", 3)]);
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fetch(server.addr, "localhost", &rustls::version::TLS13).is_err() {
+        assert!(Instant::now() < deadline, "no recovery:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!server.log().contains("panicked"), "{}", server.log());
 }
