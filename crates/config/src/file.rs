@@ -56,6 +56,9 @@ pub struct ServerSection {
     pub user: String,
     /// Group it runs as; "" = the user's primary group.
     pub group: String,
+    /// Let the serving process dump core (and be read by a debugger of
+    /// its user); the key server never does.
+    pub core_dumps: bool,
     /// Keep private keys in a separate key process (false: in-process).
     pub key_isolation: bool,
     /// How long a handshake waits for the key process to sign.
@@ -73,6 +76,7 @@ impl Default for ServerSection {
             defer_accept: Duration::from_secs(1),
             user: String::new(),
             group: String::new(),
+            core_dumps: false,
             key_isolation: true,
             key_timeout: Duration::from_secs(2),
         }

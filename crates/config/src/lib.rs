@@ -126,6 +126,9 @@ pub struct Privileges {
     pub user: Option<String>,
     /// `server.group` (a name or a numeric id), if any.
     pub group: Option<String>,
+    /// `server.core_dumps`: the serving process stays dumpable (core
+    /// files, same-user debuggers) instead of being made not dumpable.
+    pub core_dumps: bool,
 }
 
 /// `server.key_isolation` and `server.key_timeout`.

@@ -487,6 +487,7 @@ fn validate(origin: &str, f: ConfigFile) -> Result<Config, ConfigError> {
         privileges: Privileges {
             user: Some(f.server.user.trim().to_string()).filter(|s| !s.is_empty()),
             group: Some(f.server.group.trim().to_string()).filter(|s| !s.is_empty()),
+            core_dumps: f.server.core_dumps,
         },
         keys,
         admin,
@@ -988,6 +989,9 @@ names = ["example.com", "*.example.com"]
         assert_eq!(c.tls.cipher_suites.len(), 9);
         assert!(c.keys.isolation, "keys are isolated unless turned off");
         assert_eq!(c.privileges, Privileges::default());
+        assert!(!c.privileges.core_dumps, "not dumpable unless asked");
+        let c = load_text(&GOOD.replace("workers = 2", "core_dumps = true")).unwrap();
+        assert!(c.privileges.core_dumps);
     }
 
     #[test]

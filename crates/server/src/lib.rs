@@ -161,6 +161,8 @@ impl Launch {
 /// Validates everything `launch` names without serving: the config, the
 /// certificates and keys, the document roots.
 pub fn check(launch: &Launch) -> Result<Config, StartError> {
+    // Without key isolation it reads the private keys itself.
+    privileges::protect_memory()?;
     let config = launch.load()?;
     let ids = privileges::resolve(&config)?;
     access_log::check_target(&config, ids)?;
@@ -207,6 +209,7 @@ fn probe_ktls(metrics: &Metrics) -> tlsgate_sys::ktls::Support {
 
 /// Runs the server until SIGTERM or SIGINT, then drains and returns.
 pub fn run(launch: Launch) -> Result<(), StartError> {
+    privileges::protect_memory()?;
     let config = launch.load()?;
     // Before any descriptor is opened for serving: the default soft limit
     // (1024 under systemd) is below what the default limits may hold.
@@ -293,7 +296,11 @@ pub fn run(launch: Launch) -> Result<(), StartError> {
     // first use only for CAP_NET_ADMIN.
     let ktls = probe_ktls(&metrics);
     // Every socket is bound and no thread runs yet: drop privileges now.
-    privileges::drop(ids, gen.config.keys.isolation)?;
+    privileges::drop(
+        ids,
+        gen.config.keys.isolation,
+        gen.config.privileges.core_dumps,
+    )?;
     // A thread of their own: started once privileges are gone.
     gen.pools.start_background_tasks()?;
     let access_log = AccessLog::start(
@@ -579,7 +586,7 @@ fn build_reload(
     }
     if new.config.keys != old.config.keys || new.config.privileges != old.config.privileges {
         tracing::warn!(
-            "server.key_isolation, key_timeout, user and group take effect at the next restart"
+            "server.key_isolation, key_timeout, user, group and core_dumps take effect at the next restart"
         );
     }
     Ok(new)

@@ -4,6 +4,10 @@
 //! one (no-new-privs), so a reload reads the configuration file and the
 //! document roots as that user; the key process, started earlier, keeps
 //! its own privileges and reads the certificates and keys.
+//!
+//! The process is made not dumpable before it holds any secret, and stays
+//! so unless `server.core_dumps` asks for core files (see docs/config.md,
+//! "Core dumps").
 
 use tlsgate_config::{Config, ConfigError};
 use tlsgate_sys::privileges::{self, Ids};
@@ -27,11 +31,30 @@ pub(crate) fn resolve(config: &Config) -> Result<Option<Ids>, StartError> {
         })
 }
 
+/// Makes this process not dumpable, before it reads its first secret
+/// (session ticket keys, traffic secrets; the private keys themselves
+/// without key isolation): no core file holds them, and no process of
+/// the same user without `CAP_SYS_PTRACE` reads them from its memory.
+/// The kernel does this at a change of uid, but not for a process that
+/// stays as it was started (root without `server.user`).
+pub(crate) fn protect_memory() -> Result<(), StartError> {
+    privileges::set_dumpable(false).map_err(|e| StartError::Privileges(e.to_string()))
+}
+
 /// Switches to `ids` and drops every capability. `isolated`: the keys are
 /// in the key process, whose protection needs the serving process off
 /// uid 0 (which owns root-only key files without any capability).
-pub(crate) fn drop(ids: Option<Ids>, isolated: bool) -> Result<(), StartError> {
+/// `core_dumps`: make the process dumpable again (the switch of uid
+/// cleared it too), for the operator who wants core files.
+pub(crate) fn drop(ids: Option<Ids>, isolated: bool, core_dumps: bool) -> Result<(), StartError> {
     privileges::drop_privileges(ids).map_err(|e| StartError::Privileges(e.to_string()))?;
+    if core_dumps {
+        privileges::set_dumpable(true).map_err(|e| StartError::Privileges(e.to_string()))?;
+        tracing::info!(
+            "server.core_dumps: the serving process is dumpable; a core file, or a debugger of \
+             its user, sees its session ticket keys and TLS traffic secrets"
+        );
+    }
     match ids {
         Some(i) => tracing::info!("running as uid {} gid {}, no capabilities", i.uid, i.gid),
         None if isolated && privileges::effective_uid() == 0 => tracing::warn!(

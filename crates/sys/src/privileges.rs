@@ -8,6 +8,9 @@
 //! change the calling thread. Capabilities and no-new-privs are per-thread,
 //! so this must run before any other thread is started: [`drop_privileges`]
 //! verifies it through `/proc/self/task` rather than trusting it.
+//!
+//! [`set_dumpable`] keeps a process holding secrets out of core files and
+//! out of reach of other processes of its user (`PR_SET_DUMPABLE`).
 
 use std::io;
 
@@ -112,6 +115,29 @@ pub fn drop_privileges(ids: Option<Ids>) -> Result<(), PrivilegeError> {
     verify(ids)
 }
 
+/// Sets whether this process dumps core and may be read by other
+/// processes of its user (`/proc/PID/mem`, `environ`, `ptrace`) without
+/// `CAP_SYS_PTRACE`: `PR_SET_DUMPABLE`, for the whole process at once.
+/// The kernel sets it again at `execve` and clears it when the uid
+/// changes, so a process sets it after both.
+pub fn set_dumpable(dumpable: bool) -> Result<(), PrivilegeError> {
+    use rustix::process::DumpableBehavior as D;
+    let (how, step) = if dumpable {
+        (D::Dumpable, "prctl(PR_SET_DUMPABLE, 1)")
+    } else {
+        (D::NotDumpable, "prctl(PR_SET_DUMPABLE, 0)")
+    };
+    rustix::process::set_dumpable_behavior(how).map_err(|e| fail(step, e))
+}
+
+/// Whether this process is dumpable (`PR_GET_DUMPABLE`); the kernel's
+/// "dumpable, readable by root only" (`fs.suid_dumpable = 2`) counts as not.
+pub fn is_dumpable() -> Result<bool, PrivilegeError> {
+    rustix::process::dumpable_behavior()
+        .map(|d| d == rustix::process::DumpableBehavior::Dumpable)
+        .map_err(|e| fail("prctl(PR_GET_DUMPABLE)", e))
+}
+
 /// Reads a `Name:\t...` line of a `/proc/.../status` file.
 fn field<'a>(status: &'a str, name: &str) -> Option<&'a str> {
     status
@@ -170,6 +196,18 @@ mod tests {
         assert!(e.to_string().contains("no-such-user-here"), "{e}");
         let e = resolve("root", Some("no-such-group-here")).unwrap_err();
         assert!(e.to_string().contains("no-such-group-here"), "{e}");
+    }
+
+    #[test]
+    fn dumpable_is_set_and_read_back() {
+        // Per process: the other tests of this binary do not mind a moment
+        // of not being dumpable (they read their own /proc/self only).
+        let was = is_dumpable().unwrap();
+        set_dumpable(false).unwrap();
+        assert!(!is_dumpable().unwrap());
+        set_dumpable(true).unwrap();
+        assert!(is_dumpable().unwrap());
+        set_dumpable(was).unwrap();
     }
 
     #[test]

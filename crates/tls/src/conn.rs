@@ -123,6 +123,10 @@ impl HelloStart {
 /// A plaintext `protocol_version` fatal alert record.
 const ALERT_PROTOCOL_VERSION: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 70];
 
+/// A plaintext `internal_error` fatal alert record: the server cannot go
+/// on for a reason of its own (its key process did not sign).
+const ALERT_INTERNAL_ERROR: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 80];
+
 /// The first bytes of a TLS 1.2 server flight kept: its ServerHello with
 /// the session ID and the extensions (~40 bytes from rustls).
 const FIRST_FLIGHT_KEPT: usize = 192;
@@ -251,6 +255,21 @@ fn send_now(sock: &TcpStream, bytes: &[u8]) {
     let _ = sock.try_write(bytes);
 }
 
+/// Tells the client its handshake failed with `e`: `queued` sends what
+/// rustls queued (its alert), except when the key process did not sign.
+/// rustls queues no alert then, only the ServerHello the signature was to
+/// follow: sent alone, the client waits for the rest until we close (a
+/// truncated stream). None of that flight has left yet, so it is dropped
+/// and `internal_error` goes instead, in the clear, as before any
+/// ServerHello (after a HelloRetryRequest too, which has no keys).
+fn send_failure(sock: &TcpStream, e: &rustls::Error, queued: impl FnOnce(&mut SyncIo<'_>)) {
+    if crate::KeyUnavailable::cause_of(e).is_some() {
+        send_now(sock, &ALERT_INTERNAL_ERROR);
+    } else {
+        queued(&mut SyncIo(sock));
+    }
+}
+
 /// Completes a server handshake on `sock` with the listener's `ctx`.
 ///
 /// The caller bounds the time (handshake timeout) and counts the result.
@@ -304,7 +323,9 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
     let tls = match made {
         Ok(c) => c,
         Err((e, mut alert)) => {
-            let _ = alert.write(&mut SyncIo(&sock));
+            send_failure(&sock, &e, |io| {
+                let _ = alert.write(io);
+            });
             return Err(e.into());
         }
     };
@@ -426,7 +447,9 @@ impl TlsConnection {
             };
             if let Err(e) = processed {
                 // rustls queued the matching alert: try to deliver it.
-                let _ = tls.write_tls(&mut SyncIo(&self.sock));
+                send_failure(&self.sock, &e, |io| {
+                    let _ = tls.write_tls(io);
+                });
                 return Err(e.into());
             }
             if !tls.is_handshaking() {

@@ -69,9 +69,7 @@ impl HandshakeError {
                 // required one was not sent.
                 E::InvalidCertificate(_) => "client_certificate_invalid",
                 E::NoCertificatesPresented => "client_certificate_missing",
-                E::Other(o) if o.0.downcast_ref::<crate::KeyUnavailable>().is_some() => {
-                    "key_unavailable"
-                }
+                E::Other(_) if crate::KeyUnavailable::cause_of(e).is_some() => "key_unavailable",
                 _ => "other",
             },
         }

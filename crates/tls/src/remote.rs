@@ -110,6 +110,15 @@ pub enum KeyUnavailable {
 }
 
 impl KeyUnavailable {
+    /// The failure inside a rustls error, when a signature asked of a
+    /// [`KeyBackend`] is why the handshake failed.
+    pub fn cause_of(e: &rustls::Error) -> Option<KeyUnavailable> {
+        match e {
+            rustls::Error::Other(o) => o.0.downcast_ref::<KeyUnavailable>().copied(),
+            _ => None,
+        }
+    }
+
     /// A short stable label for metrics.
     pub fn reason(self) -> &'static str {
         match self {
@@ -464,13 +473,8 @@ mod tests {
                 // One more has no stack: it fails at once instead of
                 // blocking the thread in the backend's blocking call.
                 let over = run_signing(sign(remote.clone())).await.unwrap();
-                let Err(rustls::Error::Other(e)) = over else {
-                    panic!("{over:?}")
-                };
-                assert!(matches!(
-                    e.0.downcast_ref::<KeyUnavailable>(),
-                    Some(KeyUnavailable::Busy)
-                ));
+                let Err(e) = over else { panic!("{over:?}") };
+                assert_eq!(KeyUnavailable::cause_of(&e), Some(KeyUnavailable::Busy));
                 assert_eq!(stuck.0.load(std::sync::atomic::Ordering::SeqCst), 0);
                 assert!(waiting.iter().all(|t| !t.is_finished()));
                 for t in waiting {

@@ -237,9 +237,17 @@ fn main() -> ExitCode {
         }
         Command::KeyServer { parent, serve } => {
             let launch = launch(serve);
-            return internal(tlsgate_sys::ipc::die_with_parent(parent).and_then(|()| {
-                tlsgate_keyserver::server::serve(stdin_socket(), move || launch.load())
-            }));
+            // Before any key is read: no core file and no reader of the
+            // same user (exec made this process dumpable again).
+            let undumpable =
+                tlsgate_sys::privileges::set_dumpable(false).map_err(std::io::Error::other);
+            return internal(
+                undumpable
+                    .and_then(|()| tlsgate_sys::ipc::die_with_parent(parent))
+                    .and_then(|()| {
+                        tlsgate_keyserver::server::serve(stdin_socket(), move || launch.load())
+                    }),
+            );
         }
     };
     match result {

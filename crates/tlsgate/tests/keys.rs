@@ -361,6 +361,19 @@ fn no_private_key_in_the_network_process_memory_and_the_search_finds_one_in_proc
     assert!(found.iter().any(|n| n.starts_with("rsa p")), "{found:?}");
 }
 
+/// Waits until `handshakes` handshakes have failed for want of a
+/// signature (the server counts after the client moved on), then checks
+/// how many signatures failed for each reason.
+fn assert_key_failures(server: &Server, handshakes: u32, reasons: &[(&str, u32)]) {
+    let m = server.expect_metric_line(&format!(
+        "tlsgate_handshake_failures_total{{reason=\"key_unavailable\"}} {handshakes}"
+    ));
+    for (reason, n) in reasons {
+        let line = format!("tlsgate_key_failures_total{{reason=\"{reason}\"}} {n}");
+        assert!(m.contains(&line), "wanted {line:?} in\n{m}");
+    }
+}
+
 #[test]
 fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
     let fx = Fixture::new();
@@ -389,15 +402,7 @@ fn a_killed_key_server_is_restarted_and_handshakes_fail_cleanly_meanwhile() {
             "{v:?}: no key server, no handshake"
         );
     }
-    let m = server.metrics_when(|t| t.contains("reason=\"key_unavailable\"} 2"));
-    assert!(
-        m.contains("tlsgate_handshake_failures_total{reason=\"key_unavailable\"} 2"),
-        "{m}"
-    );
-    assert!(
-        m.contains("tlsgate_key_failures_total{reason=\"down\"} 2"),
-        "{m}"
-    );
+    assert_key_failures(&server, 2, &[("down", 2)]);
 
     sig("-CONT", sup);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -646,6 +651,91 @@ fn the_network_process_runs_as_nobody_without_capabilities_and_serves() {
     root.wait_log(
         "the serving process runs as root (uid 0, `server.user` not set)",
         Duration::from_secs(10),
+    );
+}
+
+/// `setpriv` arguments for a root process without CAP_SYS_PTRACE (gone
+/// from its bounding set, so from every set after exec) and with every
+/// other capability: only a target's dumpability is then between it and
+/// a root process of the same capabilities.
+const WITHOUT_PTRACE: [&str; 5] = [
+    "setpriv",
+    "--bounding-set",
+    "-sys_ptrace",
+    "--inh-caps",
+    "-all",
+];
+
+/// Opens /proc/PID/mem of `pid` (what a debugger or a memory dump reads)
+/// from a root process without CAP_SYS_PTRACE, and reads nothing: `Err`
+/// with what the shell said when the kernel refuses the open.
+fn open_memory_without_ptrace(pid: u32) -> Result<(), String> {
+    let mem = format!("/proc/{pid}/mem");
+    let out = Command::new("timeout")
+        .arg("10")
+        .args(WITHOUT_PTRACE)
+        .args(["sh", "-c", "exec 3< \"$0\"", &mem])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// tlsgate as root (no `server.user`) without CAP_SYS_PTRACE, as the
+/// reader of [`open_memory_without_ptrace`], so that the reader holds
+/// every capability the key processes hold: only dumpability decides.
+fn start_without_ptrace(fx: &Fixture, top: &str) -> Server {
+    let path = fx.write_config(&fx.config(top, ""));
+    let server = Server::spawn_under(
+        &WITHOUT_PTRACE,
+        &["serve", "--config", path.to_str().unwrap()],
+    );
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    server
+}
+
+/// The key server is not dumpable from its start: a process of its own
+/// user (root here) without CAP_SYS_PTRACE cannot open its memory, and a
+/// crash writes no core file with its keys. Neither is the serving process
+/// (ticket keys, traffic secrets), which stays root here, where the
+/// kernel's own clearing at a change of uid does not apply. The key
+/// supervisor, which holds no key and is left dumpable, shows that the
+/// same reader opens a dumpable one. Both used to be open to that reader.
+#[test]
+fn the_key_server_and_the_serving_process_are_not_dumpable() {
+    let fx = Fixture::new();
+    let server = start_without_ptrace(&fx, "");
+    let (sup, ks) = key_processes(&server);
+    for pid in [server.pid(), sup, ks] {
+        assert_eq!(status_field(pid, None, "Uid"), "0\t0\t0\t0", "{pid}");
+    }
+    open_memory_without_ptrace(sup).expect("a dumpable root process is open to the reader");
+    for (who, pid) in [("key server", ks), ("serving process", server.pid())] {
+        let refused = open_memory_without_ptrace(pid).expect_err(who);
+        assert!(refused.contains("Permission denied"), "{who}: {refused}");
+    }
+    // Still signing, still serving.
+    fetch(server.addr, "localhost", &rustls::version::TLS12).unwrap();
+    assert!(!server.log().contains("core_dumps"), "{}", server.log());
+}
+
+/// `server.core_dumps = true` makes the serving process dumpable again
+/// after it drops its privileges (an operator chasing a crash), and says
+/// so; the key server stays not dumpable.
+#[test]
+fn core_dumps_make_the_serving_process_dumpable_but_never_the_key_server() {
+    let fx = Fixture::new();
+    let server = start_without_ptrace(&fx, "[server]\ncore_dumps = true\n");
+    let (_, ks) = key_processes(&server);
+    open_memory_without_ptrace(server.pid()).expect("core_dumps: the serving process is dumpable");
+    let refused = open_memory_without_ptrace(ks).expect_err("the key server");
+    assert!(refused.contains("Permission denied"), "{refused}");
+    server.wait_log(
+        "server.core_dumps: the serving process is dumpable",
+        Duration::from_secs(5),
     );
 }
 
@@ -1177,4 +1267,82 @@ fn a_key_server_that_cannot_load_is_replaced_until_the_file_is_fixed() {
         "no SIGHUP, no reload:\n{}",
         server.log()
     );
+}
+
+/// `openssl s_client` against `addr` with `args` and nothing to send,
+/// killed after 10 s: what it printed, standard error first.
+fn s_client_says(addr: std::net::SocketAddr, args: &[&str]) -> String {
+    let out = Command::new("timeout")
+        .args(["10", "openssl", "s_client", "-connect", &addr.to_string()])
+        .args(["-servername", "localhost"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("timeout and openssl must be installed (./dev setup installs openssl)");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    )
+}
+
+/// The fatal alert a client reads when its handshake's signature fails.
+fn assert_internal_error_alert(said: &str, what: &str) {
+    assert!(
+        said.contains("alert internal error") && said.contains("SSL alert number 80"),
+        "{what}: no internal_error alert:\n{said}"
+    );
+    assert!(!said.contains("unexpected eof"), "{what}: cut off:\n{said}");
+}
+
+/// A handshake whose signature the key process does not give ends in a
+/// fatal internal_error alert the client reads, not in a closed stream:
+/// over TLS 1.3 and 1.2 (openssl) and after a HelloRetryRequest (rustls),
+/// when the key server is stopped (the signature times out) and when it is
+/// gone (down). It used to end in a bare close, after the ServerHello
+/// alone over TLS 1.3 ("unexpected eof" in openssl).
+#[test]
+fn a_signature_the_key_process_does_not_give_ends_the_handshake_with_internal_error() {
+    let fx = Fixture::new();
+    let top = "[server]\nkey_timeout = \"1s\"\n\n[tls]\nkey_exchange_groups = [\"X25519\", \"secp256r1\"]\n";
+    let server = Server::start(&fx, &fx.config(top, ""));
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    let (sup, ks) = key_processes(&server);
+
+    // One signature timing out: not enough to take the key server as hung.
+    {
+        let _stopped = Stopped::stop(ks, sup);
+        let said = s_client_says(server.addr, &["-tls1_3"]);
+        assert_internal_error_alert(&said, "TLS 1.3, key server stopped");
+    }
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+
+    // No key server (its supervisor held, so none comes back meanwhile).
+    let held = Stopped::stop(sup, server.pid());
+    signal(ks, "-KILL");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric("tlsgate_key_up") != 0.0 {
+        assert!(Instant::now() < deadline, "key_up stayed 1");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (args, what) in [
+        (["-tls1_3"], "TLS 1.3, down"),
+        (["-tls1_2"], "TLS 1.2, down"),
+    ] {
+        assert_internal_error_alert(&s_client_says(server.addr, &args), what);
+    }
+    let retried = full_handshake(server.addr, true).unwrap_err();
+    assert!(
+        retried.contains("received fatal alert: InternalError"),
+        "after a HelloRetryRequest: {retried}"
+    );
+    assert_key_failures(&server, 4, &[("timeout", 1), ("down", 3)]);
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fetch(server.addr, "localhost", &rustls::version::TLS13).is_err() {
+        assert!(Instant::now() < deadline, "no recovery:\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!server.log().contains("panicked"), "{}", server.log());
 }
