@@ -400,15 +400,7 @@ fn total_timeout_bounds_a_stalled_upload() {
 #[test]
 fn a_total_timeout_mid_body_puts_no_server_out() {
     let fx = Fixture::new();
-    let a = Upstream::start("a", None);
-    let b = Upstream::start("b", None);
-    let pools = pool(
-        "app",
-        &[(a.address(), 1), (b.address(), 1)],
-        "total_timeout = \"1s\"\nmax_fails = 1",
-        "",
-    );
-    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let (a, b, server) = pair(&fx, "total_timeout = \"1s\"\nmax_fails = 1");
     for _ in 0..2 {
         let answer = common::raw_exchange(server.addr, b"GET /drip HTTP/1.1\r\nHost: a\r\n\r\n");
         assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
@@ -428,7 +420,22 @@ fn a_total_timeout_mid_body_puts_no_server_out() {
     let text = server.metrics_when(|t| counted(t) >= 2);
     assert_eq!(counted(&text), 2, "{text}");
     // ...and no server out.
-    for up in [&a, &b] {
+    in_service(&server, [&a, &b]);
+}
+
+/// Upstreams `a` and `b` in pool `app` (with `keys`), which takes every
+/// request.
+fn pair(fx: &Fixture, keys: &str) -> (Upstream, Upstream, Server) {
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let pools = pool("app", &[(a.address(), 1), (b.address(), 1)], keys, "");
+    let server = start(fx, "", &pools, &route("/", "app", ""));
+    (a, b, server)
+}
+
+/// Pool `app`'s servers `ups` are in service, as the gauge says.
+fn in_service(server: &Server, ups: [&Upstream; 2]) {
+    for up in ups {
         server.expect_metric_line(&format!(
             "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1\n",
             up.address()
@@ -1019,6 +1026,40 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     server.expect_metric_line(
         "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 9",
     );
+}
+
+/// A malformed answer is the application's answer to that request, not a
+/// failing server: any client that can ask for one (here a head over the
+/// 64 KiB limit) would otherwise take every server out in turn. It is
+/// still a 502, logged and counted, and its connection is not reused.
+#[test]
+fn malformed_answers_put_no_server_out() {
+    let fx = Fixture::new();
+    let (a, b, server) = pair(&fx, "max_fails = 1\nfail_timeout = \"60s\"");
+    let mut s = tls_connect(server.addr);
+    // Round-robin: each server gives two of them, twice max_fails.
+    for _ in 0..4 {
+        let r = get(&mut s, "/bad/bighead", "").unwrap();
+        assert_eq!(r.status, 502, "{}", r.head);
+        assert!(!r.head.contains("X-Big"), "{}", r.head);
+    }
+    server.wait_access_line(&["\" 502 ", "upstream_error=bad_response"]);
+    server.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 4",
+    );
+    for up in [&a, &b] {
+        server.expect_metric_line(&format!(
+            "tlsgate_upstream_errors_total{{pool=\"app\",server=\"{}\",kind=\"bad_response\"}} 2\n",
+            up.address()
+        ));
+    }
+    in_service(&server, [&a, &b]);
+    // Each refused answer cost its connection: four, and two more for
+    // the next two requests, which both servers answer.
+    let seen = count_ids(&server, "/id", 2);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let conns = a.conns.load(Ordering::Relaxed) + b.conns.load(Ordering::Relaxed);
+    assert_eq!(conns, 6);
 }
 
 /// Sends `request`, whose answer (`status`) has no body whatever the
