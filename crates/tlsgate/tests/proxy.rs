@@ -859,6 +859,43 @@ fn smuggling_shaped_requests_never_reach_the_upstream() {
     }
 }
 
+/// A Host no DNS name or IP literal could be (RFC 3986's reg-name takes
+/// `,` `;` `=` `%`…) is refused: tlsgate would route and pick the client
+/// certificate policy on the whole string, while a backend reading the
+/// list-valued `X-Forwarded-Host` takes one element of it (Rack the last).
+#[test]
+fn a_host_that_names_no_server_is_400_and_reaches_no_upstream() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    for host in [
+        "localhost,evil.example",
+        "a;for=6.6.6.6",
+        "a=b",
+        "a%2Cevil.example",
+        "a~b:443",
+        "a!b",
+    ] {
+        for request in [
+            format!("GET /headers HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+            format!("GET http://{host}/headers HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ] {
+            let answer = common::raw_exchange(server.addr, request.as_bytes());
+            assert_eq!(common::statuses(&answer), [400], "{request:?}: {answer}");
+        }
+    }
+    assert_eq!(a.requests.load(Ordering::Relaxed), 0);
+    let answer = common::raw_exchange(
+        server.addr,
+        b"GET /headers HTTP/1.1\r\nHost: _a-1.app.test:8443\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        answer.contains("X-Forwarded-Host: _a-1.app.test:8443\r\n"),
+        "{answer}"
+    );
+}
+
 /// Dot-segments (`..`, also as `%2e%2e`) and repeated slashes cannot lead
 /// a request around its route: routes match the normalised path, the
 /// upstream gets that same path, and a path climbing above `/` is 400.
