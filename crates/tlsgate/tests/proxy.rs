@@ -1639,6 +1639,197 @@ fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
     }
 }
 
+/// A WebSocket upstream of the test's own: each connection's request
+/// head is read, 101 answered, and the rest left to `then`.
+fn ws_upstream(then: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let then = Arc::new(then);
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let (mut sock, then) = (sock.unwrap(), then.clone());
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if sock.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+                if sock.write_all(switch).is_ok() {
+                    then(sock);
+                }
+            });
+        }
+    });
+    addr
+}
+
+const WS_UPGRADE: &[u8] = b"GET /ws HTTP/1.1\r\nHost: app.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/// Reads a response head byte by byte (nothing of the tunnel after it).
+fn read_head<R: Read>(s: &mut R) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+/// The two directions of a tunnel move independently: an upstream that
+/// never reads (its receive buffer full of the client's upload) still
+/// gets everything it sends to the client, and the idle timeout, which
+/// any byte moved either way restarts, does not end a tunnel that moves
+/// bytes one way. The old tunnel waited on its blocked write upstream,
+/// relayed nothing more and closed at `idle_timeout`.
+#[test]
+fn a_tunnel_relays_one_way_while_the_other_way_is_blocked() {
+    const DOWN: usize = 4 << 20;
+    let fx = Fixture::new();
+    let up = ws_upstream(|mut sock| {
+        // Time for the client's upload to fill every buffer on its way.
+        std::thread::sleep(Duration::from_millis(300));
+        let data = pattern(DOWN);
+        for piece in data.chunks(64 * 1024) {
+            if sock.write_all(piece).is_err() {
+                return;
+            }
+        }
+        // Reads nothing, ever, while the test runs.
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let pools = pool("app", &[(up.to_string(), 1)], "idle_timeout = \"2s\"", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let config = common::client_config(rustls::DEFAULT_VERSIONS);
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap();
+        tls.write_all(WS_UPGRADE).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(tls.read_u8().await.unwrap());
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101 "));
+        let (mut rd, mut wr) = tokio::io::split(tls);
+        // Uploads as fast as the way up takes it, until the test ends.
+        let upload = tokio::spawn(async move {
+            let blob = vec![b'u'; 64 * 1024];
+            while wr.write_all(&blob).await.is_ok() {}
+        });
+        let mut got = Vec::with_capacity(DOWN);
+        let mut buf = vec![0u8; 64 * 1024];
+        let read = tokio::time::timeout(Duration::from_secs(60), async {
+            while got.len() < DOWN {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        upload.abort();
+        assert!(read.is_ok(), "stalled at {} bytes", got.len());
+        got
+    });
+    assert_eq!(got.len(), DOWN, "the tunnel ended short");
+    assert!(got == pattern(DOWN), "bytes changed on the way");
+}
+
+/// A side that closes its half of a tunnel ends only that direction: the
+/// close goes on to the other side (FIN upstream; close_notify and FIN
+/// to the client), and what the other side still sends arrives. A TLS
+/// 1.3 client's close_notify and a bare FIN both count as its close.
+#[test]
+fn a_half_closed_tunnel_still_carries_the_other_way() {
+    let fx = Fixture::new();
+    let heard = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let heard_up = heard.clone();
+    let up = ws_upstream(move |mut sock| {
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut first = [0u8; 4];
+        if sock.read_exact(&mut first).is_err() {
+            return;
+        }
+        if &first == b"late" {
+            // Reads to the client's close, then answers after it.
+            let mut rest = Vec::new();
+            let _ = sock.read_to_end(&mut rest);
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = sock.write_all(b"LATE-AFTER-HALF-CLOSE");
+        } else {
+            // Closes its own half first, then hears the client out.
+            let _ = sock.write_all(b"BYE");
+            let _ = sock.shutdown(std::net::Shutdown::Write);
+            let mut rest = Vec::new();
+            let _ = sock.read_to_end(&mut rest);
+            heard_up.lock().unwrap().push(rest);
+        }
+    });
+    let pools = pool("app", &[(up.to_string(), 1)], "idle_timeout = \"5s\"", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let upgraded = || {
+        let mut s = common::tls_connect_with(
+            server.addr,
+            "localhost",
+            common::client_config(&[&rustls::version::TLS13]),
+        )
+        .unwrap();
+        s.write_all(WS_UPGRADE).unwrap();
+        assert!(read_head(&mut s).starts_with("HTTP/1.1 101 "));
+        s
+    };
+    for close_notify in [true, false] {
+        let mut s = upgraded();
+        s.write_all(b"late").unwrap();
+        if close_notify {
+            s.conn.send_close_notify();
+            s.flush().unwrap();
+        }
+        s.sock.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "LATE-AFTER-HALF-CLOSE",
+            "close_notify {close_notify}: {end:?}"
+        );
+        // The upstream's FIN came on as close_notify: a clean end.
+        assert!(end.is_ok(), "close_notify {close_notify}: {end:?}");
+    }
+    // The upstream closes first: its close reaches the client, which
+    // still sends, and the upstream gets it.
+    let mut s = upgraded();
+    s.write_all(b"byes").unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"BYE");
+    s.write_all(b"after-the-upstream-closed").unwrap();
+    s.conn.send_close_notify();
+    s.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while heard.lock().unwrap().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        heard.lock().unwrap().as_slice(),
+        [b"after-the-upstream-closed".to_vec()]
+    );
+}
+
 #[test]
 fn chunked_bodies_over_the_limit_and_http10_clients() {
     let fx = Fixture::new();
