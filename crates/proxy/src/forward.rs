@@ -18,6 +18,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use tlsgate_config::{PassedFields, DROPPED_FIELDS, PASSABLE_FIELDS};
 use tlsgate_http1::{
     end_head, is_field_value, list_elements, parse_response, with_date, write_header,
     write_header_u64, write_status_line, BodyFraming, ChunkedDecoder, Method, RequestHead,
@@ -235,19 +236,25 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// Request fields dropped besides those: framing we redo, and
-/// forwarding fields only the proxy may set.
-const REQUEST_DROP: &[&str] = &[
-    "proxy-authorization",
-    "content-length",
-    "host",
-    "expect",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "x-real-ip",
-    "forwarded",
-    "x-forwarded-client-cert",
-];
+/// credentials meant for the proxy. The client's forwarding fields go
+/// too ([`client_may_not_send`]).
+const REQUEST_DROP: &[&str] = &["proxy-authorization", "content-length", "host", "expect"];
+
+/// Fields only the proxy, or a trusted CDN before it, may send: those of
+/// the proxy's own ([`tlsgate_config::DROPPED_FIELDS`], with the two that
+/// make a backend serve another path than the one routed), and the
+/// client address, scheme and prefix fields that backends take from
+/// proxies ([`tlsgate_config::PASSABLE_FIELDS`]) unless the listener
+/// passes them (in their `-` spelling only: a CDN that sets
+/// `CF-Connecting-IP` passes on a client's `CF_Connecting_IP`).
+fn client_may_not_send(name: &str, passed: PassedFields) -> bool {
+    DROPPED_FIELDS
+        .iter()
+        .any(|f| same_name_to_a_gateway(name, f))
+        || PASSABLE_FIELDS.iter().enumerate().any(|(i, f)| {
+            same_name_to_a_gateway(name, f) && !(passed.passes(i) && name.eq_ignore_ascii_case(f))
+        })
+}
 
 /// Response fields dropped besides the hop-by-hop ones.
 const RESPONSE_DROP: &[&str] = &["proxy-authenticate", "content-length"];
@@ -360,7 +367,10 @@ where
         // The strict parser (and h2's own checks) already refused CR, LF
         // and NUL in values; checked again here so a change there cannot
         // reach an upstream.
-        if !dropped(name, REQUEST_DROP, &named) && is_field_value(value) {
+        if !dropped(name, REQUEST_DROP, &named)
+            && !client_may_not_send(name, o.conn.passed)
+            && is_field_value(value)
+        {
             write_header(&mut out, name, value);
         }
     }
@@ -2137,6 +2147,41 @@ mod tests {
             long.contains("\r\nX-Real-IP: ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff\r\n"),
             "{long}"
         );
+    }
+
+    #[test]
+    fn client_copies_of_forwarding_fields_go_unless_the_listener_passes_them() {
+        let passed = PassedFields::parse(&["CF-Connecting-IP".to_string()]).unwrap();
+        for name in [
+            "X-Forwarded-For",
+            "x_real_ip",
+            "X-Original-URL",
+            "X_Rewrite_Url",
+            "X-Forwarded-Scheme",
+            "X-Forwarded-Ssl",
+            "X-Forwarded-Port",
+            "X-Forwarded-Prefix",
+            "X-Forwarded-Server",
+            "True-Client-IP",
+            "X-Client-IP",
+            "Fastly-Client-IP",
+            "X-Cluster-Client-IP",
+            "CF_Connecting_IP",
+        ] {
+            assert!(client_may_not_send(name, passed), "{name}");
+        }
+        assert!(client_may_not_send(
+            "cf-connecting-ip",
+            PassedFields::default()
+        ));
+        for name in [
+            "CF-Connecting-IP",
+            "cf-connecting-ip",
+            "X-Kept",
+            "X-Forwarded",
+        ] {
+            assert!(!client_may_not_send(name, passed), "{name}");
+        }
     }
 
     #[test]

@@ -1269,6 +1269,61 @@ fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() 
     }
 }
 
+/// Fields with which backends take the client's address, scheme, port,
+/// prefix or even path from a proxy are dropped from the client, over
+/// HTTP/1.1 as over h2 (tests/h2_proxy.rs): `X-Original-URL` would make
+/// IIS or Laminas serve `/admin` for a request routed as `/api`.
+/// `pass_client_headers` keeps the ones named, for a listener behind a
+/// CDN that sets them, in their `-` spelling only.
+#[test]
+fn client_copies_of_address_scheme_and_path_overrides_are_dropped_unless_passed() {
+    const FORGED: &str = "X-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\nX-Forwarded-Scheme: http\r\nX-Forwarded-Ssl: off\r\nX-Forwarded-Port: 80\r\nX-Forwarded-Prefix: /evil\r\nX-Forwarded-Server: evil\r\nTrue-Client-IP: 6.6.6.1\r\nX-Client-IP: 6.6.6.2\r\nCF-Connecting-IP: 6.6.6.3\r\nCF_Connecting_IP: 6.6.6.4\r\nFastly-Client-IP: 6.6.6.5\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX_Original_URL: /admin2\r\nX-Kept: yes\r\n";
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let seen = |listener_keys: &str| {
+        let fx = Fixture::new();
+        let top = format!("[server]\nworkers = 2\n{NO_RATE_LIMIT}\n{pools}");
+        // The listener's own keys go before its first sub-table.
+        let config = fx.config(&top, &route("/", "app", "")).replacen(
+            "\n[[listener.certificate]]",
+            &format!("\n{listener_keys}\n[[listener.certificate]]"),
+            1,
+        );
+        let server = Server::start(&fx, &config);
+        let mut s = tls_connect(server.addr);
+        let r = get(&mut s, "/headers", FORGED).unwrap();
+        assert_eq!(r.status, 200);
+        body_text(&r)
+    };
+    let head = seen("");
+    let lower = head.to_ascii_lowercase();
+    for gone in [
+        "original",
+        "rewrite",
+        "scheme",
+        "ssl",
+        "port",
+        "prefix",
+        "server",
+        "client-ip",
+        "client_ip",
+        "connecting",
+        "6.6.6.",
+    ] {
+        assert!(!lower.contains(gone), "{gone} passed: {head}");
+    }
+    assert!(head.contains("X-Kept: yes\r\n"), "{head}");
+    let head = seen("pass_client_headers = [\"cf-connecting-ip\", \"X-Forwarded-Prefix\"]");
+    assert!(head.contains("CF-Connecting-IP: 6.6.6.3\r\n"), "{head}");
+    assert!(head.contains("X-Forwarded-Prefix: /evil\r\n"), "{head}");
+    for gone in ["6.6.6.4", "original", "true-client", "scheme"] {
+        assert!(
+            !head.to_ascii_lowercase().contains(gone),
+            "{gone} passed: {head}"
+        );
+    }
+}
+
 /// A reload keeps what the health checks learnt: a server found down
 /// stays out in the new generation, instead of taking requests until its
 /// new checker has failed `fall` times again.
