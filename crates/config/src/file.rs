@@ -290,6 +290,11 @@ pub struct ListenerSection {
     /// must begin with the header; from anyone else it must not (a header
     /// there is not trusted, and the handshake fails on it). Default: none.
     pub proxy_protocol_from: Vec<String>,
+    /// Fields of [`crate::PASSABLE_FIELDS`] (client address, scheme and
+    /// prefix overrides) that proxied requests keep as the client sent
+    /// them, for a listener only a trusted CDN can reach, e.g.
+    /// ["CF-Connecting-IP"]. Default: none, every one is dropped.
+    pub pass_client_headers: Vec<String>,
 }
 
 /// `[[listener.certificate]]`

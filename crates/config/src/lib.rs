@@ -485,6 +485,77 @@ pub struct Listener {
     /// Sources whose connections begin with a PROXY protocol header
     /// (`proxy_protocol_from`); empty: none.
     pub proxy_protocol_from: TrustedProxies,
+    /// Fields a proxied request keeps from the client (`pass_client_headers`).
+    pub pass_client_headers: PassedFields,
+}
+
+/// Request fields that backends read as the client's address, the scheme
+/// or the path prefix the client used (Rack, Spring, Express, PHP
+/// frameworks; CDNs set some of them), lower case. The proxy drops the
+/// client's copies, in either `-` or `_` spelling, so that no client can
+/// speak for tlsgate; a listener's `pass_client_headers` keeps some of
+/// them (their `-` spelling only) where a trusted CDN sets them.
+pub const PASSABLE_FIELDS: &[&str] = &[
+    "x-forwarded-scheme",
+    "x-forwarded-ssl",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "true-client-ip",
+    "x-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+];
+
+/// Request fields always dropped, which no listener can pass: the
+/// proxy's own forwarding fields (it sets them), and those that make a
+/// backend serve another path than the one routed (IIS URL Rewrite,
+/// Laminas, old Symfony: CVE-2018-14773).
+pub const DROPPED_FIELDS: &[&str] = &[
+    "x-forwarded-for",
+    "x-forwarded-proto",
+    "x-forwarded-host",
+    "x-real-ip",
+    "forwarded",
+    "x-forwarded-client-cert",
+    "x-original-url",
+    "x-rewrite-url",
+];
+
+/// A set of [`PASSABLE_FIELDS`], by their place in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassedFields(u32);
+
+impl PassedFields {
+    /// Parses field names (any case); the error names the entry and why.
+    pub fn parse(names: &[String]) -> Result<Self, String> {
+        let mut set = 0u32;
+        for n in names {
+            let lower = n.to_ascii_lowercase();
+            if let Some(i) = PASSABLE_FIELDS.iter().position(|f| *f == lower) {
+                set |= 1 << i;
+            } else if DROPPED_FIELDS.contains(&lower.as_str()) {
+                return Err(format!(
+                    "{n:?} is always dropped from the client: tlsgate sets it, or it would lead a request around its route"
+                ));
+            } else {
+                return Err(format!(
+                    "{n:?} is not dropped, so it passes already; expected some of {}",
+                    PASSABLE_FIELDS.join(", ")
+                ));
+            }
+        }
+        Ok(Self(set))
+    }
+
+    /// Whether the field at place `i` of [`PASSABLE_FIELDS`] passes.
+    pub fn passes(self, i: usize) -> bool {
+        u32::try_from(i)
+            .ok()
+            .and_then(|i| self.0.checked_shr(i))
+            .is_some_and(|bits| bits & 1 == 1)
+    }
 }
 
 /// `::ffff:10.0.0.0/104` as `10.0.0.0/8`: peers are matched as IPv4.

@@ -798,6 +798,8 @@ fn validate_listener(
     let alpn = crate::http2::validate_alpn(c, &format!("{key_path}.alpn"), ls.alpn.as_deref())?;
     let proxy_protocol_from = crate::TrustedProxies::parse(&ls.proxy_protocol_from)
         .map_err(|why| c.err(format!("{key_path}.proxy_protocol_from"), why))?;
+    let pass_client_headers = crate::PassedFields::parse(&ls.pass_client_headers)
+        .map_err(|why| c.err(format!("{key_path}.pass_client_headers"), why))?;
     Ok(Listener {
         key_path,
         addrs,
@@ -810,6 +812,7 @@ fn validate_listener(
         alpn,
         routes: Vec::new(),
         proxy_protocol_from,
+        pass_client_headers,
     })
 }
 
@@ -1137,6 +1140,10 @@ names = ["example.com", "*.example.com"]
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.0.0.0/33\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "\"10.0.0.0/33\" is not an address or network"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = \"10.0.0.0/8\"\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "expected a sequence"),
             ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\nproxy_protocol_from = [\"10.0.0.0/8\", \"::/0\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].proxy_protocol_from", "trusts every address"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\npass_client_headers = [\"X-Forwarded-For\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].pass_client_headers", "\"X-Forwarded-For\" is always dropped"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\npass_client_headers = [\"X-Original-URL\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].pass_client_headers", "around its route"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\npass_client_headers = [\"X-Kept\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].pass_client_headers", "passes already; expected some of x-forwarded-scheme"),
+            ("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\npass_client_headers = [\"CF_Connecting_IP\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n", "listener[0].pass_client_headers", "passes already"),
         ];
         for (text, key, needle) in cases {
             let e = load_text(text).unwrap_err();
@@ -1147,6 +1154,18 @@ names = ["example.com", "*.example.com"]
                 "{text:?} gave {e}, wanted {needle:?}"
             );
         }
+    }
+
+    #[test]
+    fn pass_client_headers_takes_passable_names_in_any_case() {
+        let c = load_text("[[listener]]\nlisten = [\"127.0.0.1:1\"]\nroot = \"site\"\npass_client_headers = [\"CF-Connecting-IP\", \"x-forwarded-prefix\"]\n[[listener.certificate]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n").unwrap();
+        let p = c.listeners[0].pass_client_headers;
+        for (i, name) in crate::PASSABLE_FIELDS.iter().enumerate() {
+            let want = matches!(*name, "cf-connecting-ip" | "x-forwarded-prefix");
+            assert_eq!(p.passes(i), want, "{name}");
+        }
+        assert!(!p.passes(99));
+        assert!(crate::PASSABLE_FIELDS.len() <= 32);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use ppp::{v1, v2};
-use tlsgate_config::ProxyProtocol;
+use tlsgate_config::{PassedFields, ProxyProtocol};
 
 use crate::conn::UpstreamConn;
 
@@ -43,6 +43,8 @@ pub struct ClientConn {
     pub server_name: Option<String>,
     /// The address the client connected to, when it sent no SNI.
     pub local: Option<SocketAddr>,
+    /// The fields its listener lets pass from it (`pass_client_headers`).
+    pub passed: PassedFields,
     /// Idle connections that carry this client's PROXY protocol header,
     /// oldest first.
     idle: Mutex<Vec<Kept>>,
@@ -56,6 +58,7 @@ impl ClientConn {
             destination,
             server_name: None,
             local: None,
+            passed: PassedFields::default(),
             idle: Mutex::new(Vec::new()),
         }
     }
@@ -66,6 +69,13 @@ impl ClientConn {
     pub fn with_server_name(mut self, name: Option<String>, local: Option<SocketAddr>) -> Self {
         self.server_name = name;
         self.local = local;
+        self
+    }
+
+    /// The same, on a listener that lets `passed` through from its clients.
+    #[must_use]
+    pub fn passing(mut self, passed: PassedFields) -> Self {
+        self.passed = passed;
         self
     }
 

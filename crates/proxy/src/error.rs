@@ -78,12 +78,20 @@ impl Failure {
     }
 
     /// Whether the failure counts against the server (passive checks):
-    /// not a full queue (the server is busy, not failing) nor a lack of
-    /// the proxy's own resources.
+    /// not a full queue (the server is busy, not failing), nor a lack of
+    /// the proxy's own resources, nor a malformed answer: that is the
+    /// application's answer to this request (a head over the limit, say),
+    /// which any client able to ask for it could otherwise turn into
+    /// marks on every server (nginx counts `invalid_header` only when
+    /// told to).
     pub fn marks_server(self) -> bool {
         !matches!(
             self,
-            Self::NoServer | Self::QueueFull | Self::QueueTimeout | Self::LocalResources
+            Self::NoServer
+                | Self::QueueFull
+                | Self::QueueTimeout
+                | Self::LocalResources
+                | Self::BadResponse
         )
     }
 }
@@ -108,5 +116,8 @@ mod tests {
             assert_eq!(f.status(), 503);
             assert!(!f.marks_server(), "{f:?}");
         }
+        assert_eq!(Failure::BadResponse.status(), 502);
+        assert!(!Failure::BadResponse.marks_server());
+        assert!(Failure::Reset.marks_server());
     }
 }

@@ -18,11 +18,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use tlsgate_config::{PassedFields, DROPPED_FIELDS, PASSABLE_FIELDS};
 use tlsgate_http1::{
     end_head, is_field_value, list_elements, parse_response, with_date, write_header,
     write_header_u64, write_status_line, BodyFraming, ChunkedDecoder, Method, RequestHead,
     ResponseFraming, ResponseHead, Version,
 };
+use tlsgate_tls::Turn;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::timeout_at;
 
@@ -54,14 +56,24 @@ pub const CLIENT_CLOSED: u16 = 499;
 
 /// The client side of an exchange: the connection's byte stream.
 pub trait Downstream {
-    /// Reads application bytes; 0 is end of stream. Must be cancel-safe
-    /// (a WebSocket tunnel waits on both sides at once and drops the read
-    /// of the side that stayed silent).
+    /// Reads application bytes; 0 is end of stream.
     fn read(&mut self, buf: &mut [u8]) -> impl Future<Output = io::Result<usize>> + Send;
     /// Writes all of `data`.
     fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
     /// Sends what is queued.
     fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    /// One turn of a WebSocket tunnel: reads into `buf` (when given) or
+    /// takes bytes of `data` to send, whichever the client allows first
+    /// (`Read(0)`: its clean close). Must be cancel-safe: what it read or
+    /// took is in its answer (see `tlsgate_tls::TlsConnection::relay`).
+    fn relay(
+        &mut self,
+        buf: Option<&mut [u8]>,
+        data: &[u8],
+    ) -> impl Future<Output = io::Result<Turn>> + Send;
+    /// Ends what goes to the client (close_notify and FIN); what it still
+    /// sends can be read.
+    fn shutdown(&mut self) -> impl Future<Output = io::Result<()>> + Send;
 }
 
 /// A request body refused on the client's side: the status it gets and
@@ -224,19 +236,25 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// Request fields dropped besides those: framing we redo, and
-/// forwarding fields only the proxy may set.
-const REQUEST_DROP: &[&str] = &[
-    "proxy-authorization",
-    "content-length",
-    "host",
-    "expect",
-    "x-forwarded-for",
-    "x-forwarded-proto",
-    "x-forwarded-host",
-    "x-real-ip",
-    "forwarded",
-    "x-forwarded-client-cert",
-];
+/// credentials meant for the proxy. The client's forwarding fields go
+/// too ([`client_may_not_send`]).
+const REQUEST_DROP: &[&str] = &["proxy-authorization", "content-length", "host", "expect"];
+
+/// Fields only the proxy, or a trusted CDN before it, may send: those of
+/// the proxy's own ([`tlsgate_config::DROPPED_FIELDS`], with the two that
+/// make a backend serve another path than the one routed), and the
+/// client address, scheme and prefix fields that backends take from
+/// proxies ([`tlsgate_config::PASSABLE_FIELDS`]) unless the listener
+/// passes them (in their `-` spelling only: a CDN that sets
+/// `CF-Connecting-IP` passes on a client's `CF_Connecting_IP`).
+fn client_may_not_send(name: &str, passed: PassedFields) -> bool {
+    DROPPED_FIELDS
+        .iter()
+        .any(|f| same_name_to_a_gateway(name, f))
+        || PASSABLE_FIELDS.iter().enumerate().any(|(i, f)| {
+            same_name_to_a_gateway(name, f) && !(passed.passes(i) && name.eq_ignore_ascii_case(f))
+        })
+}
 
 /// Response fields dropped besides the hop-by-hop ones.
 const RESPONSE_DROP: &[&str] = &["proxy-authenticate", "content-length"];
@@ -349,7 +367,10 @@ where
         // The strict parser (and h2's own checks) already refused CR, LF
         // and NUL in values; checked again here so a change there cannot
         // reach an upstream.
-        if !dropped(name, REQUEST_DROP, &named) && is_field_value(value) {
+        if !dropped(name, REQUEST_DROP, &named)
+            && !client_may_not_send(name, o.conn.passed)
+            && is_field_value(value)
+        {
             write_header(&mut out, name, value);
         }
     }
@@ -1866,9 +1887,127 @@ async fn relay_body<S: Responder, R: AsyncRead + Unpin>(
     }
 }
 
+/// Bytes a tunnel reads from a side at once.
+const TUNNEL_CHUNK: usize = 16 * 1024;
+
+/// One direction of a tunnel: what was read from one side and the other
+/// has not taken yet. A side is read only once the other took the last
+/// read whole, so each direction holds one chunk at most and the slower
+/// reader sets its pace, without stopping the other direction.
+struct Leg {
+    buf: Vec<u8>,
+    /// Taken up to here.
+    at: usize,
+    /// Read up to here.
+    len: usize,
+    /// The sending side closed (its FIN or close_notify).
+    eof: bool,
+    /// The close was passed on to the receiving side.
+    shut: bool,
+}
+
+impl Leg {
+    /// A direction that starts with `pending` to pass on.
+    fn starting_with(mut pending: Vec<u8>) -> Leg {
+        let len = pending.len();
+        pending.resize(len.max(TUNNEL_CHUNK), 0);
+        Leg {
+            buf: pending,
+            at: 0,
+            len,
+            eof: false,
+            shut: false,
+        }
+    }
+
+    /// Where to read into (when everything read was taken and the sender
+    /// has not closed), and what to pass on: never both.
+    fn split(&mut self) -> (Option<&mut [u8]>, &[u8]) {
+        if self.at < self.len {
+            (None, self.buf.get(self.at..self.len).unwrap_or_default())
+        } else if self.eof {
+            (None, &[])
+        } else {
+            (Some(self.buf.as_mut_slice()), &[])
+        }
+    }
+
+    fn read(&mut self, n: usize) {
+        if n == 0 {
+            self.eof = true;
+        } else {
+            (self.at, self.len) = (0, n.min(self.buf.len()));
+        }
+    }
+
+    fn taken(&mut self, n: usize) {
+        self.at = (self.at + n).min(self.len);
+    }
+
+    /// Its sender closed and all it sent was taken: time to pass the close on.
+    fn to_shut(&self) -> bool {
+        self.eof && self.at == self.len && !self.shut
+    }
+}
+
+/// One turn of the upstream side of a tunnel, as [`Downstream::relay`]
+/// is for the client: reads into `buf` or writes from `data`, whichever
+/// the server allows first. What a write left in the upstream TLS
+/// session is flushed in a later turn (`flushing`), alongside the read.
+/// Cancel-safe: a write or read done is returned in the same poll.
+async fn upstream_relay<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    mut buf: Option<&mut [u8]>,
+    data: &[u8],
+    flushing: &mut bool,
+) -> io::Result<Turn> {
+    poll_fn(|cx| {
+        if !data.is_empty() {
+            if let Poll::Ready(r) = Pin::new(&mut *stream).poll_write(cx, data) {
+                *flushing = true;
+                return Poll::Ready(r.map(Turn::Sent));
+            }
+        } else if *flushing {
+            if let Poll::Ready(r) = Pin::new(&mut *stream).poll_flush(cx) {
+                *flushing = false;
+                return Poll::Ready(r.map(|()| Turn::Sent(0)));
+            }
+        }
+        if let Some(b) = buf.as_deref_mut() {
+            let mut rb = ReadBuf::new(b);
+            if let Poll::Ready(r) = Pin::new(&mut *stream).poll_read(cx, &mut rb) {
+                return Poll::Ready(r.map(|()| Turn::Read(rb.filled().len())));
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// A side's turn in a tunnel.
+enum Side {
+    Client(io::Result<Turn>),
+    Upstream(io::Result<Turn>),
+}
+
+/// A read that ended the sending side's direction: its clean close, or
+/// a TCP close without TLS close_notify, which ends what it sends all the
+/// same.
+fn closed(r: &io::Result<Turn>) -> bool {
+    match r {
+        Ok(Turn::Read(0)) => true,
+        Err(e) => e.kind() == io::ErrorKind::UnexpectedEof,
+        Ok(_) => false,
+    }
+}
+
 /// After a 101 to a WebSocket upgrade: the switch relayed, then bytes
-/// copied both ways until either side closes or both stay silent for the
-/// pool's `idle_timeout`. The client connection ends with the tunnel.
+/// copied both ways at once, each direction with its own backpressure,
+/// until both sides have closed or both stay silent for the pool's
+/// `idle_timeout` (any byte moved either way restarts it). A side's close
+/// (FIN, TLS close_notify) is passed on to the other once what it sent
+/// has been taken, and the other direction goes on. The client
+/// connection ends with the tunnel.
 async fn tunnel<D: Downstream>(
     client: &mut D,
     out: &mut Vec<u8>,
@@ -1904,7 +2043,7 @@ async fn tunnel<D: Downstream>(
     write_header(out, "Connection", b"upgrade");
     end_head(out);
     out.extend_from_slice(&ubuf);
-    let mut down: u64 = ubuf.len() as u64;
+    let mut down_bytes: u64 = ubuf.len() as u64;
     let done = |down: u64| Outcome::Relayed {
         status: 101,
         body_bytes: down,
@@ -1912,51 +2051,58 @@ async fn tunnel<D: Downstream>(
         keep_client: false,
     };
     if send(client, out, r.send_timeout, None).await.is_err() {
-        return done(down);
-    }
-    // What the client sent after its request head belongs to the tunnel.
-    if !inbuf.is_empty() {
-        if conn.stream.write_all(inbuf).await.is_err() {
-            return done(down);
-        }
-        inbuf.clear();
+        return done(down_bytes);
     }
     let idle = pool.cfg.idle_timeout;
-    let mut from_client = vec![0u8; 16 * 1024];
-    let mut from_server = vec![0u8; 16 * 1024];
-    loop {
-        let step = tokio::time::timeout(idle, async {
+    // What the client sent after its request head belongs to the tunnel.
+    let mut up = Leg::starting_with(std::mem::take(inbuf));
+    let mut down = Leg::starting_with(Vec::new());
+    let mut flushing = false;
+    while !(up.shut && down.shut) {
+        let (client_read, to_server) = up.split();
+        let (server_read, to_client) = down.split();
+        let turn = tokio::time::timeout(idle, async {
             tokio::select! {
-                n = client.read(&mut from_client) => (true, n),
-                n = conn.stream.read(&mut from_server) => (false, n),
+                t = client.relay(client_read, to_client) => Side::Client(t),
+                t = upstream_relay(&mut conn.stream, server_read, to_server, &mut flushing) => {
+                    Side::Upstream(t)
+                }
             }
         })
         .await;
-        let (client_side, n) = match step {
-            Ok((side, Ok(n))) if n > 0 => (side, n),
-            // A close, an error, or silence both ways: the tunnel ends.
-            _ => return done(down),
-        };
-        let ok = if client_side {
-            let data = from_client.get(..n).unwrap_or_default();
-            within(None, idle, Failure::IdleTimeout, async {
-                conn.stream
-                    .write_all(data)
-                    .await
-                    .map_err(|_| Failure::Reset)?;
-                conn.stream.flush().await.map_err(|_| Failure::Reset)
-            })
-            .await
-            .is_ok()
-        } else {
-            down += n as u64;
-            out.extend_from_slice(from_server.get(..n).unwrap_or_default());
-            send(client, out, r.send_timeout, None).await.is_ok()
-        };
-        if !ok {
-            return done(down);
+        match turn {
+            // Silence both ways.
+            Err(_) => return done(down_bytes),
+            Ok(Side::Client(t)) if closed(&t) => up.read(0),
+            Ok(Side::Upstream(t)) if closed(&t) => down.read(0),
+            Ok(Side::Client(Ok(Turn::Read(n)))) => up.read(n),
+            Ok(Side::Client(Ok(Turn::Sent(n)))) => {
+                down.taken(n);
+                down_bytes += n as u64;
+            }
+            Ok(Side::Upstream(Ok(Turn::Read(n)))) => down.read(n),
+            Ok(Side::Upstream(Ok(Turn::Sent(n)))) => up.taken(n),
+            // A reset or a failed write: neither direction can go on whole.
+            Ok(Side::Client(Err(_)) | Side::Upstream(Err(_))) => return done(down_bytes),
+        }
+        // A close passed on waits for what is still queued toward that
+        // side (bounded as any turn is).
+        if up.to_shut() {
+            up.shut = true;
+            let shut = tokio::time::timeout(idle, conn.stream.shutdown()).await;
+            if !matches!(shut, Ok(Ok(()))) {
+                return done(down_bytes);
+            }
+        }
+        if down.to_shut() {
+            down.shut = true;
+            let shut = tokio::time::timeout(idle, client.shutdown()).await;
+            if !matches!(shut, Ok(Ok(()))) {
+                return done(down_bytes);
+            }
         }
     }
+    done(down_bytes)
 }
 
 #[cfg(test)]
@@ -2001,6 +2147,41 @@ mod tests {
             long.contains("\r\nX-Real-IP: ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff\r\n"),
             "{long}"
         );
+    }
+
+    #[test]
+    fn client_copies_of_forwarding_fields_go_unless_the_listener_passes_them() {
+        let passed = PassedFields::parse(&["CF-Connecting-IP".to_string()]).unwrap();
+        for name in [
+            "X-Forwarded-For",
+            "x_real_ip",
+            "X-Original-URL",
+            "X_Rewrite_Url",
+            "X-Forwarded-Scheme",
+            "X-Forwarded-Ssl",
+            "X-Forwarded-Port",
+            "X-Forwarded-Prefix",
+            "X-Forwarded-Server",
+            "True-Client-IP",
+            "X-Client-IP",
+            "Fastly-Client-IP",
+            "X-Cluster-Client-IP",
+            "CF_Connecting_IP",
+        ] {
+            assert!(client_may_not_send(name, passed), "{name}");
+        }
+        assert!(client_may_not_send(
+            "cf-connecting-ip",
+            PassedFields::default()
+        ));
+        for name in [
+            "CF-Connecting-IP",
+            "cf-connecting-ip",
+            "X-Kept",
+            "X-Forwarded",
+        ] {
+            assert!(!client_may_not_send(name, passed), "{name}");
+        }
     }
 
     #[test]

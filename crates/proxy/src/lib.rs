@@ -41,3 +41,4 @@ pub use path::BadPath;
 pub use pool::{Pool, Pools};
 pub use route::{Entry, Router, Target};
 pub use tls::PoolFiles;
+pub use tlsgate_tls::Turn;

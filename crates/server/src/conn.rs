@@ -238,13 +238,21 @@ fn after_handshake<'a>(
         client: tlsgate_tls::ClientIdentity::of(tls),
         // Without SNI, a request without Host goes upstream with the
         // address the client connected to (one getsockname, only then).
-        proxy: tlsgate_proxy::ClientConn::new(peer, destination).with_server_name(
-            tls.server_name().map(str::to_owned),
-            tls.server_name()
-                .is_none()
-                .then(|| conn.socket().local_addr().ok())
-                .flatten(),
-        ),
+        proxy: tlsgate_proxy::ClientConn::new(peer, destination)
+            .with_server_name(
+                tls.server_name().map(str::to_owned),
+                tls.server_name()
+                    .is_none()
+                    .then(|| conn.socket().local_addr().ok())
+                    .flatten(),
+            )
+            .passing(
+                gen.config
+                    .listeners
+                    .get(listener)
+                    .map(|l| l.pass_client_headers)
+                    .unwrap_or_default(),
+            ),
     };
     if h2 {
         // HTTP/2 keeps the record layer in user space: h2 owns the byte

@@ -87,6 +87,16 @@ impl<T: Transport + Send> Downstream for Client<'_, T> {
     async fn flush(&mut self) -> std::io::Result<()> {
         self.0.flush().await
     }
+    async fn relay(
+        &mut self,
+        buf: Option<&mut [u8]>,
+        data: &[u8],
+    ) -> std::io::Result<tlsgate_proxy::Turn> {
+        self.0.relay(buf, data).await
+    }
+    async fn shutdown(&mut self) -> std::io::Result<()> {
+        self.0.close().await
+    }
 }
 
 /// Forwards a routed request; the answer and whether the connection

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tlsgate_config::{Offload, OffloadPolicy};
 use tlsgate_metrics::{DirectionLabel, Metrics, ReasonLabel};
 use tlsgate_sys::ktls::Support;
-use tlsgate_tls::TlsConnection;
+use tlsgate_tls::{relay_interest, TlsConnection, Turn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -48,6 +48,14 @@ pub trait Transport {
     fn write_all(&mut self, data: &[u8]) -> impl Future<Output = io::Result<()>> + Send;
     /// Sends everything queued.
     fn flush(&mut self) -> impl Future<Output = io::Result<()>> + Send;
+    /// One turn of a full-duplex relay: reads into `buf` (when given) or
+    /// takes bytes of `data`, whichever the peer allows first; cancel-safe
+    /// ([`TlsConnection::relay`] says how).
+    fn relay(
+        &mut self,
+        buf: Option<&mut [u8]>,
+        data: &[u8],
+    ) -> impl Future<Output = io::Result<Turn>> + Send;
     /// Ends the stream cleanly (close_notify for TLS) and shuts the write side.
     fn close(&mut self) -> impl Future<Output = io::Result<()>> + Send;
     /// Reads and discards what the client still sends, for at most `limit`,
@@ -311,6 +319,9 @@ impl Transport for TlsClient<'_> {
     async fn flush(&mut self) -> io::Result<()> {
         self.conn.flush().await
     }
+    async fn relay(&mut self, buf: Option<&mut [u8]>, data: &[u8]) -> io::Result<Turn> {
+        self.conn.relay(buf, data).await
+    }
     async fn close(&mut self) -> io::Result<()> {
         self.conn.close().await
     }
@@ -389,6 +400,9 @@ impl Transport for TlsConnection {
     async fn flush(&mut self) -> io::Result<()> {
         TlsConnection::flush(self).await
     }
+    async fn relay(&mut self, buf: Option<&mut [u8]>, data: &[u8]) -> io::Result<Turn> {
+        TlsConnection::relay(self, buf, data).await
+    }
     async fn close(&mut self) -> io::Result<()> {
         TlsConnection::close(self).await
     }
@@ -409,6 +423,28 @@ impl Transport for TcpStream {
     }
     async fn flush(&mut self) -> io::Result<()> {
         AsyncWriteExt::flush(self).await
+    }
+    async fn relay(&mut self, mut buf: Option<&mut [u8]>, data: &[u8]) -> io::Result<Turn> {
+        loop {
+            let Some(interest) = relay_interest(buf.is_some(), !data.is_empty()) else {
+                return std::future::pending().await;
+            };
+            let ready = self.ready(interest).await?;
+            if ready.is_writable() && !data.is_empty() {
+                match self.try_write(data) {
+                    Ok(n) => return Ok(Turn::Sent(n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if let Some(b) = buf.as_deref_mut().filter(|_| ready.is_readable()) {
+                match self.try_read(b) {
+                    Ok(n) => return Ok(Turn::Read(n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
     }
     async fn close(&mut self) -> io::Result<()> {
         AsyncWriteExt::shutdown(self).await

@@ -422,6 +422,28 @@ const MIN_KERNEL_READ: usize = 64;
 /// TLS 1.3 handshake message type of KeyUpdate.
 const KEY_UPDATE: u8 = 24;
 
+/// What a relay turn waits for: readable when it may read, writable when
+/// it has something to send; `None` for neither (it then waits for ever).
+pub fn relay_interest(reading: bool, sending: bool) -> Option<Interest> {
+    match (reading, sending) {
+        (true, true) => Some(Interest::READABLE | Interest::WRITABLE),
+        (true, false) => Some(Interest::READABLE),
+        (false, true) => Some(Interest::WRITABLE),
+        (false, false) => None,
+    }
+}
+
+/// What one [`TlsConnection::relay`] turn did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// Application bytes read into the buffer; 0 is the peer's
+    /// close_notify.
+    Read(usize),
+    /// Bytes of the data taken to send; 0: nothing was to be taken, and
+    /// the records queued before have gone out.
+    Sent(usize),
+}
+
 impl TlsConnection {
     async fn finish_handshake(&mut self) -> Result<(), HandshakeError> {
         let ticketed = self.session.as_ref().is_some_and(|s| s.ticketed);
@@ -526,25 +548,42 @@ impl TlsConnection {
     /// Reads TLS records from the socket into rustls; 0 means TCP EOF.
     async fn read_tls(&mut self) -> io::Result<usize> {
         loop {
-            let Layer::User(tls) = &mut self.layer else {
-                return Err(gone());
-            };
-            let mut io = TrackedRead {
-                sock: &self.sock,
-                boundary: &mut self.boundary,
-                first: None,
-            };
-            match tls.read_tls(&mut io) {
+            match self.try_read_tls() {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.readable().await?,
                 other => return other,
             }
         }
     }
 
+    /// [`read_tls`](Self::read_tls) without waiting: `WouldBlock` when
+    /// the socket has nothing.
+    fn try_read_tls(&mut self) -> io::Result<usize> {
+        let Layer::User(tls) = &mut self.layer else {
+            return Err(gone());
+        };
+        let mut io = TrackedRead {
+            sock: &self.sock,
+            boundary: &mut self.boundary,
+            first: None,
+        };
+        tls.read_tls(&mut io)
+    }
+
     /// Reads decrypted application data. `Ok(0)` is a clean close
     /// (close_notify, which is answered with ours); a TCP close without it
     /// is `UnexpectedEof`.
     pub async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let r = self.read_unanswered(buf).await;
+        if matches!(r, Ok(0)) && !buf.is_empty() {
+            // RFC 8446 §6.1, RFC 5246 §7.2.1: close_notify is answered.
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.close()).await;
+        }
+        r
+    }
+
+    /// [`read`](Self::read) without the answer to close_notify, whose
+    /// caller decides when this side closes.
+    async fn read_unanswered(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if !self.carried.is_empty() {
             let n = buf.len().min(self.carried.len());
             if let (Some(dst), Some(src)) = (buf.get_mut(..n), self.carried.get(..n)) {
@@ -581,11 +620,137 @@ impl TlsConnection {
             Layer::Gone => Err(gone()),
         };
         if matches!(r, Ok(0)) && !buf.is_empty() {
-            // RFC 8446 §6.1, RFC 5246 §7.2.1: close_notify is answered.
             self.peer_closed = true;
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.close()).await;
         }
         r
+    }
+
+    /// One turn of a full-duplex relay (a WebSocket tunnel): reads into
+    /// `buf`, when given, or takes bytes of `data` to send, whichever the
+    /// peer allows first, so that a peer which stops reading does not stop
+    /// what it sends, nor the other way round. Cancel-safe: what it read or
+    /// took is in its answer, and a turn dropped while it waits loses
+    /// nothing. Records it queued go out in later turns, while they also
+    /// wait to read; with `data` empty, `Sent(0)` says the last of them
+    /// left. `Read(0)` is the peer's close_notify: a TLS 1.3 peer closes
+    /// its side only (RFC 8446 §6.1), so this side may still send until
+    /// [`close`](Self::close); a TLS 1.2 one is answered at once (RFC 5246
+    /// §7.2.1 asks for that). A TCP close without close_notify is
+    /// `UnexpectedEof`. With nothing to read or send it waits for ever:
+    /// the caller bounds it.
+    pub async fn relay(&mut self, mut buf: Option<&mut [u8]>, data: &[u8]) -> io::Result<Turn> {
+        if let Some(b) = buf.as_deref_mut() {
+            if !self.carried.is_empty() || self.peer_closed {
+                return self.read_unanswered(b).await.map(Turn::Read);
+            }
+        }
+        if self.write_closed && !data.is_empty() {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let r = match self.layer {
+            Layer::User(_) => self.relay_user(buf, data).await,
+            Layer::Kernel(_) => self.relay_kernel(buf, data).await,
+            Layer::Gone => Err(gone()),
+        };
+        if matches!(r, Ok(Turn::Read(0))) {
+            self.peer_closed = true;
+            let half_close = match &self.layer {
+                Layer::User(tls) => {
+                    tls.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_3)
+                }
+                Layer::Kernel(k) => k.version == TlsVersion::Tls13,
+                Layer::Gone => false,
+            };
+            if !half_close {
+                let _ = tokio::time::timeout(Duration::from_secs(1), self.close()).await;
+            }
+        }
+        r
+    }
+
+    async fn relay_user(&mut self, mut buf: Option<&mut [u8]>, data: &[u8]) -> io::Result<Turn> {
+        let mut queued = false;
+        loop {
+            let Layer::User(tls) = &mut self.layer else {
+                return Err(gone());
+            };
+            // Queued records out first, as far as the socket takes them now.
+            queued |= tls.wants_write();
+            while tls.wants_write() {
+                match tls.write_tls(&mut SyncIo(&self.sock)) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !data.is_empty() {
+                // As much as rustls' send buffer takes (`SEND_BUFFER`).
+                let n = tls.writer().write(data)?;
+                if n > 0 {
+                    // Started now; an error shows in the next turn.
+                    let _ = tls.write_tls(&mut SyncIo(&self.sock));
+                    return Ok(Turn::Sent(n));
+                }
+            } else if queued && !tls.wants_write() {
+                return Ok(Turn::Sent(0));
+            }
+            if let Some(b) = buf.as_deref_mut() {
+                match tls.reader().read(b) {
+                    Ok(n) => return Ok(Turn::Read(n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            // Readable only when a read is wanted: rustls would otherwise
+            // buffer what the peer sends without bound.
+            let Some(interest) = relay_interest(buf.is_some(), tls.wants_write()) else {
+                return std::future::pending().await;
+            };
+            let ready = self.sock.ready(interest).await?;
+            if ready.is_readable() && buf.is_some() {
+                match self.try_read_tls() {
+                    // At EOF the reader says how the peer closed.
+                    Ok(_) => {
+                        self.process_packets()?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+
+    async fn relay_kernel(&mut self, mut buf: Option<&mut [u8]>, data: &[u8]) -> io::Result<Turn> {
+        // One record's worth per write, charged before it is written (as
+        // `write_all` does), so a short write overcharges by one piece.
+        let piece = data.get(..data.len().min(16 * 1024)).unwrap_or_default();
+        loop {
+            let Some(interest) = relay_interest(buf.is_some(), !piece.is_empty()) else {
+                return std::future::pending().await;
+            };
+            let ready = self.sock.ready(interest).await?;
+            if ready.is_writable() && !piece.is_empty() {
+                let Layer::Kernel(k) = &mut self.layer else {
+                    return Err(gone());
+                };
+                if !k.charge(piece.len()) {
+                    return self.key_worn_out().await.map(|()| Turn::Sent(0));
+                }
+                match self.sock.try_write(piece) {
+                    Ok(n) => return Ok(Turn::Sent(n)),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if ready.is_readable() {
+                if let Some(b) = buf.as_deref_mut() {
+                    // A record the kernel holds in part makes this wait for
+                    // the rest; its sender only delays what it gets itself.
+                    return self.read_unanswered(b).await.map(Turn::Read);
+                }
+            }
+        }
     }
 
     /// Like [`read`](Self::read), appending at most `max` bytes to `out`;

@@ -23,7 +23,7 @@ pub mod tickets;
 
 pub use certs::{load, load_all, self_signed, LoadedCert, SelfSigned, SelfSignedCache};
 pub use client_auth::ClientIdentity;
-pub use conn::{accept, TlsConnection};
+pub use conn::{accept, relay_interest, TlsConnection, Turn};
 pub use context::{ContextError, TlsContext};
 pub use error::{CertError, HandshakeError};
 pub use material::Material;

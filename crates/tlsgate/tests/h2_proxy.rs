@@ -792,6 +792,11 @@ fn headers_are_translated_both_ways() {
             .header("x-real-ip", "6.6.6.6")
             .header("forwarded", "for=6.6.6.6")
             .header("x-forwarded-client-cert", "Hash=forged")
+            .header("x-original-url", "/forged")
+            .header("x-forwarded-scheme", "forged")
+            .header("x-forwarded-prefix", "/forged")
+            .header("true-client-ip", "6.6.6.6")
+            .header("cf_connecting_ip", "6.6.6.6")
             .header("via", "1.1 edge")
             .header("x-kept", "yes")
             .body(())
@@ -858,6 +863,15 @@ fn headers_are_translated_both_ways() {
         // not a Host no upstream reads alike.
         let req = http::Request::get("https://:g(/id").body(()).unwrap();
         assert_eq!(exchange(&c, req, None).await.status, 400);
+        // An authority no host name could be, which the `http` crate
+        // takes: a list (`a,b` becomes two names in X-Forwarded-Host) or
+        // parameters (it refuses `%` itself).
+        for authority in ["app.test,evil.example", "app.test;for=6.6.6.6", "a=b"] {
+            let req = http::Request::get(format!("https://{authority}/id"))
+                .body(())
+                .unwrap();
+            assert_eq!(exchange(&c, req, None).await.status, 400, "{authority}");
+        }
         // So is a `:path` with raw UTF-8, which HTTP/1.1's parser refuses
         // in a target (and the `http` crate takes).
         let uri = http::Uri::try_from(&b"https://app.test/id\xcc\x98"[..]).unwrap();

@@ -400,15 +400,7 @@ fn total_timeout_bounds_a_stalled_upload() {
 #[test]
 fn a_total_timeout_mid_body_puts_no_server_out() {
     let fx = Fixture::new();
-    let a = Upstream::start("a", None);
-    let b = Upstream::start("b", None);
-    let pools = pool(
-        "app",
-        &[(a.address(), 1), (b.address(), 1)],
-        "total_timeout = \"1s\"\nmax_fails = 1",
-        "",
-    );
-    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let (a, b, server) = pair(&fx, "total_timeout = \"1s\"\nmax_fails = 1");
     for _ in 0..2 {
         let answer = common::raw_exchange(server.addr, b"GET /drip HTTP/1.1\r\nHost: a\r\n\r\n");
         assert!(answer.starts_with("HTTP/1.1 200 "), "{answer}");
@@ -428,7 +420,22 @@ fn a_total_timeout_mid_body_puts_no_server_out() {
     let text = server.metrics_when(|t| counted(t) >= 2);
     assert_eq!(counted(&text), 2, "{text}");
     // ...and no server out.
-    for up in [&a, &b] {
+    in_service(&server, [&a, &b]);
+}
+
+/// Upstreams `a` and `b` in pool `app` (with `keys`), which takes every
+/// request.
+fn pair(fx: &Fixture, keys: &str) -> (Upstream, Upstream, Server) {
+    let a = Upstream::start("a", None);
+    let b = Upstream::start("b", None);
+    let pools = pool("app", &[(a.address(), 1), (b.address(), 1)], keys, "");
+    let server = start(fx, "", &pools, &route("/", "app", ""));
+    (a, b, server)
+}
+
+/// Pool `app`'s servers `ups` are in service, as the gauge says.
+fn in_service(server: &Server, ups: [&Upstream; 2]) {
+    for up in ups {
         server.expect_metric_line(&format!(
             "tlsgate_upstream_healthy{{pool=\"app\",server=\"{}\"}} 1\n",
             up.address()
@@ -852,6 +859,43 @@ fn smuggling_shaped_requests_never_reach_the_upstream() {
     }
 }
 
+/// A Host no DNS name or IP literal could be (RFC 3986's reg-name takes
+/// `,` `;` `=` `%`…) is refused: tlsgate would route and pick the client
+/// certificate policy on the whole string, while a backend reading the
+/// list-valued `X-Forwarded-Host` takes one element of it (Rack the last).
+#[test]
+fn a_host_that_names_no_server_is_400_and_reaches_no_upstream() {
+    let fx = Fixture::new();
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    for host in [
+        "localhost,evil.example",
+        "a;for=6.6.6.6",
+        "a=b",
+        "a%2Cevil.example",
+        "a~b:443",
+        "a!b",
+    ] {
+        for request in [
+            format!("GET /headers HTTP/1.1\r\nHost: {host}\r\n\r\n"),
+            format!("GET http://{host}/headers HTTP/1.1\r\nHost: a\r\n\r\n"),
+        ] {
+            let answer = common::raw_exchange(server.addr, request.as_bytes());
+            assert_eq!(common::statuses(&answer), [400], "{request:?}: {answer}");
+        }
+    }
+    assert_eq!(a.requests.load(Ordering::Relaxed), 0);
+    let answer = common::raw_exchange(
+        server.addr,
+        b"GET /headers HTTP/1.1\r\nHost: _a-1.app.test:8443\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        answer.contains("X-Forwarded-Host: _a-1.app.test:8443\r\n"),
+        "{answer}"
+    );
+}
+
 /// Dot-segments (`..`, also as `%2e%2e`) and repeated slashes cannot lead
 /// a request around its route: routes match the normalised path, the
 /// upstream gets that same path, and a path climbing above `/` is 400.
@@ -1021,6 +1065,40 @@ fn smuggling_shaped_responses_are_refused_and_their_connections_dropped() {
     );
 }
 
+/// A malformed answer is the application's answer to that request, not a
+/// failing server: any client that can ask for one (here a head over the
+/// 64 KiB limit) would otherwise take every server out in turn. It is
+/// still a 502, logged and counted, and its connection is not reused.
+#[test]
+fn malformed_answers_put_no_server_out() {
+    let fx = Fixture::new();
+    let (a, b, server) = pair(&fx, "max_fails = 1\nfail_timeout = \"60s\"");
+    let mut s = tls_connect(server.addr);
+    // Round-robin: each server gives two of them, twice max_fails.
+    for _ in 0..4 {
+        let r = get(&mut s, "/bad/bighead", "").unwrap();
+        assert_eq!(r.status, 502, "{}", r.head);
+        assert!(!r.head.contains("X-Big"), "{}", r.head);
+    }
+    server.wait_access_line(&["\" 502 ", "upstream_error=bad_response"]);
+    server.expect_metric_line(
+        "tlsgate_proxy_errors_total{pool=\"app\",status=\"502\",reason=\"bad_response\"} 4",
+    );
+    for up in [&a, &b] {
+        server.expect_metric_line(&format!(
+            "tlsgate_upstream_errors_total{{pool=\"app\",server=\"{}\",kind=\"bad_response\"}} 2\n",
+            up.address()
+        ));
+    }
+    in_service(&server, [&a, &b]);
+    // Each refused answer cost its connection: four, and two more for
+    // the next two requests, which both servers answer.
+    let seen = count_ids(&server, "/id", 2);
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let conns = a.conns.load(Ordering::Relaxed) + b.conns.load(Ordering::Relaxed);
+    assert_eq!(conns, 6);
+}
+
 /// Sends `request`, whose answer (`status`) has no body whatever the
 /// server sends after its head, then `GET /id`: the surplus never reaches
 /// the client, the next response is the next request's (`a`'s id), and it
@@ -1188,6 +1266,61 @@ fn forwarding_headers_are_set_and_client_copies_and_hop_by_hop_fields_dropped() 
         "X_Kept_Too: yes\r\n",
     ] {
         assert!(head.contains(kept), "{kept:?} missing: {head}");
+    }
+}
+
+/// Fields with which backends take the client's address, scheme, port,
+/// prefix or even path from a proxy are dropped from the client, over
+/// HTTP/1.1 as over h2 (tests/h2_proxy.rs): `X-Original-URL` would make
+/// IIS or Laminas serve `/admin` for a request routed as `/api`.
+/// `pass_client_headers` keeps the ones named, for a listener behind a
+/// CDN that sets them, in their `-` spelling only.
+#[test]
+fn client_copies_of_address_scheme_and_path_overrides_are_dropped_unless_passed() {
+    const FORGED: &str = "X-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\nX-Forwarded-Scheme: http\r\nX-Forwarded-Ssl: off\r\nX-Forwarded-Port: 80\r\nX-Forwarded-Prefix: /evil\r\nX-Forwarded-Server: evil\r\nTrue-Client-IP: 6.6.6.1\r\nX-Client-IP: 6.6.6.2\r\nCF-Connecting-IP: 6.6.6.3\r\nCF_Connecting_IP: 6.6.6.4\r\nFastly-Client-IP: 6.6.6.5\r\nX-Cluster-Client-IP: 6.6.6.6\r\nX_Original_URL: /admin2\r\nX-Kept: yes\r\n";
+    let a = Upstream::start("a", None);
+    let pools = pool("app", &[(a.address(), 1)], "", "");
+    let seen = |listener_keys: &str| {
+        let fx = Fixture::new();
+        let top = format!("[server]\nworkers = 2\n{NO_RATE_LIMIT}\n{pools}");
+        // The listener's own keys go before its first sub-table.
+        let config = fx.config(&top, &route("/", "app", "")).replacen(
+            "\n[[listener.certificate]]",
+            &format!("\n{listener_keys}\n[[listener.certificate]]"),
+            1,
+        );
+        let server = Server::start(&fx, &config);
+        let mut s = tls_connect(server.addr);
+        let r = get(&mut s, "/headers", FORGED).unwrap();
+        assert_eq!(r.status, 200);
+        body_text(&r)
+    };
+    let head = seen("");
+    let lower = head.to_ascii_lowercase();
+    for gone in [
+        "original",
+        "rewrite",
+        "scheme",
+        "ssl",
+        "port",
+        "prefix",
+        "server",
+        "client-ip",
+        "client_ip",
+        "connecting",
+        "6.6.6.",
+    ] {
+        assert!(!lower.contains(gone), "{gone} passed: {head}");
+    }
+    assert!(head.contains("X-Kept: yes\r\n"), "{head}");
+    let head = seen("pass_client_headers = [\"cf-connecting-ip\", \"X-Forwarded-Prefix\"]");
+    assert!(head.contains("CF-Connecting-IP: 6.6.6.3\r\n"), "{head}");
+    assert!(head.contains("X-Forwarded-Prefix: /evil\r\n"), "{head}");
+    for gone in ["6.6.6.4", "original", "true-client", "scheme"] {
+        assert!(
+            !head.to_ascii_lowercase().contains(gone),
+            "{gone} passed: {head}"
+        );
     }
 }
 
@@ -1559,6 +1692,197 @@ fn a_keep_alive_connection_closed_under_a_request_is_retried_on_a_new_one() {
             a.address()
         ));
     }
+}
+
+/// A WebSocket upstream of the test's own: each connection's request
+/// head is read, 101 answered, and the rest left to `then`.
+fn ws_upstream(then: impl Fn(std::net::TcpStream) + Send + Sync + 'static) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let then = Arc::new(then);
+    std::thread::spawn(move || {
+        for sock in listener.incoming() {
+            let (mut sock, then) = (sock.unwrap(), then.clone());
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if sock.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let switch = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
+                if sock.write_all(switch).is_ok() {
+                    then(sock);
+                }
+            });
+        }
+    });
+    addr
+}
+
+const WS_UPGRADE: &[u8] = b"GET /ws HTTP/1.1\r\nHost: app.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/// Reads a response head byte by byte (nothing of the tunnel after it).
+fn read_head<R: Read>(s: &mut R) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8(head).unwrap()
+}
+
+/// The two directions of a tunnel move independently: an upstream that
+/// never reads (its receive buffer full of the client's upload) still
+/// gets everything it sends to the client, and the idle timeout, which
+/// any byte moved either way restarts, does not end a tunnel that moves
+/// bytes one way. The old tunnel waited on its blocked write upstream,
+/// relayed nothing more and closed at `idle_timeout`.
+#[test]
+fn a_tunnel_relays_one_way_while_the_other_way_is_blocked() {
+    const DOWN: usize = 4 << 20;
+    let fx = Fixture::new();
+    let up = ws_upstream(|mut sock| {
+        // Time for the client's upload to fill every buffer on its way.
+        std::thread::sleep(Duration::from_millis(300));
+        let data = pattern(DOWN);
+        for piece in data.chunks(64 * 1024) {
+            if sock.write_all(piece).is_err() {
+                return;
+            }
+        }
+        // Reads nothing, ever, while the test runs.
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let pools = pool("app", &[(up.to_string(), 1)], "idle_timeout = \"2s\"", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        let config = common::client_config(rustls::DEFAULT_VERSIONS);
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .unwrap();
+        tls.write_all(WS_UPGRADE).await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(tls.read_u8().await.unwrap());
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101 "));
+        let (mut rd, mut wr) = tokio::io::split(tls);
+        // Uploads as fast as the way up takes it, until the test ends.
+        let upload = tokio::spawn(async move {
+            let blob = vec![b'u'; 64 * 1024];
+            while wr.write_all(&blob).await.is_ok() {}
+        });
+        let mut got = Vec::with_capacity(DOWN);
+        let mut buf = vec![0u8; 64 * 1024];
+        let read = tokio::time::timeout(Duration::from_secs(60), async {
+            while got.len() < DOWN {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        upload.abort();
+        assert!(read.is_ok(), "stalled at {} bytes", got.len());
+        got
+    });
+    assert_eq!(got.len(), DOWN, "the tunnel ended short");
+    assert!(got == pattern(DOWN), "bytes changed on the way");
+}
+
+/// A side that closes its half of a tunnel ends only that direction: the
+/// close goes on to the other side (FIN upstream; close_notify and FIN
+/// to the client), and what the other side still sends arrives. A TLS
+/// 1.3 client's close_notify and a bare FIN both count as its close.
+#[test]
+fn a_half_closed_tunnel_still_carries_the_other_way() {
+    let fx = Fixture::new();
+    let heard = Arc::new(Mutex::new(Vec::<Vec<u8>>::new()));
+    let heard_up = heard.clone();
+    let up = ws_upstream(move |mut sock| {
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut first = [0u8; 4];
+        if sock.read_exact(&mut first).is_err() {
+            return;
+        }
+        if &first == b"late" {
+            // Reads to the client's close, then answers after it.
+            let mut rest = Vec::new();
+            let _ = sock.read_to_end(&mut rest);
+            std::thread::sleep(Duration::from_millis(200));
+            let _ = sock.write_all(b"LATE-AFTER-HALF-CLOSE");
+        } else {
+            // Closes its own half first, then hears the client out.
+            let _ = sock.write_all(b"BYE");
+            let _ = sock.shutdown(std::net::Shutdown::Write);
+            let mut rest = Vec::new();
+            let _ = sock.read_to_end(&mut rest);
+            heard_up.lock().unwrap().push(rest);
+        }
+    });
+    let pools = pool("app", &[(up.to_string(), 1)], "idle_timeout = \"5s\"", "");
+    let server = start(&fx, "", &pools, &route("/", "app", ""));
+    let upgraded = || {
+        let mut s = common::tls_connect_with(
+            server.addr,
+            "localhost",
+            common::client_config(&[&rustls::version::TLS13]),
+        )
+        .unwrap();
+        s.write_all(WS_UPGRADE).unwrap();
+        assert!(read_head(&mut s).starts_with("HTTP/1.1 101 "));
+        s
+    };
+    for close_notify in [true, false] {
+        let mut s = upgraded();
+        s.write_all(b"late").unwrap();
+        if close_notify {
+            s.conn.send_close_notify();
+            s.flush().unwrap();
+        }
+        s.sock.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        let end = s.read_to_end(&mut got);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "LATE-AFTER-HALF-CLOSE",
+            "close_notify {close_notify}: {end:?}"
+        );
+        // The upstream's FIN came on as close_notify: a clean end.
+        assert!(end.is_ok(), "close_notify {close_notify}: {end:?}");
+    }
+    // The upstream closes first: its close reaches the client, which
+    // still sends, and the upstream gets it.
+    let mut s = upgraded();
+    s.write_all(b"byes").unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"BYE");
+    s.write_all(b"after-the-upstream-closed").unwrap();
+    s.conn.send_close_notify();
+    s.flush().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while heard.lock().unwrap().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        heard.lock().unwrap().as_slice(),
+        [b"after-the-upstream-closed".to_vec()]
+    );
 }
 
 #[test]

@@ -472,6 +472,14 @@ fn serve_conn(
             }
             // obs-fold (RFC 9112 §5.2): refused, never unfolded.
             "/bad/fold" => b"HTTP/1.1 200 OK\r\nX-Evil: a\r\n b\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+            // A head over the proxy's 64 KiB limit (a large Set-Cookie or
+            // CSP): the application's answer, not a failing server.
+            "/bad/bighead" => {
+                let mut r = b"HTTP/1.1 200 OK\r\nX-Big: ".to_vec();
+                r.resize(r.len() + 70_000, b'b');
+                r.extend_from_slice(b"\r\nContent-Length: 2\r\n\r\nok");
+                r
+            }
             // A 204 that claims a body.
             "/bad/204body" => b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\nevil!".to_vec(),
             // Interim answers before the final one.
