@@ -3,8 +3,9 @@
 //! When the writer falls behind, lines are dropped and counted.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::net::IpAddr;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -216,15 +217,17 @@ impl AccessLog {
 
 enum Sink {
     Off,
-    Stdout(io::Stdout),
-    File(BufWriter<File>),
+    /// A descriptor of its own for standard output (a duplicate): whole
+    /// lines go out in one write(2), and what a failed write took is known.
+    Stdout(File),
+    File(File),
 }
 
 fn open(target: &LogTarget) -> io::Result<Sink> {
     Ok(match target {
         LogTarget::Off => Sink::Off,
-        LogTarget::Stdout => Sink::Stdout(io::stdout()),
-        LogTarget::File(p) => Sink::File(BufWriter::new(
+        LogTarget::Stdout => Sink::Stdout(File::from(io::stdout().as_fd().try_clone_to_owned()?)),
+        LogTarget::File(p) => Sink::File(
             OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -235,7 +238,7 @@ fn open(target: &LogTarget) -> io::Result<Sink> {
                         format!("cannot open access log {}: {e}", p.display()),
                     )
                 })?,
-        )),
+        ),
     })
 }
 
@@ -243,45 +246,116 @@ fn open(target: &LogTarget) -> io::Result<Sink> {
 /// not turn every request into a line of the server's own log.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// The sink with what is needed to count what it loses.
+/// Bytes of lines gathered before they are written, if the queue does
+/// not empty first.
+const OUT_BUFFER: usize = 32 * 1024;
+
+/// The sink with what is needed to count what it loses and to keep a
+/// failed write from gluing a cut line to the next one.
 struct Output<'a> {
     sink: Sink,
-    /// Lines written into the sink's buffer since its last flush.
-    unflushed: u64,
+    /// Whole lines not written yet, and how many.
+    buf: Vec<u8>,
+    lines: u64,
+    /// A write failed partway through a line: the output ends with that
+    /// line's first bytes and no newline.
+    torn: Option<Torn>,
     /// Lines lost since the last warning, and when that was.
     lost: u64,
     warned: Option<Instant>,
     dropped: &'a Counter,
 }
 
+/// Where a cut line's bytes are, to take them back.
+#[derive(Clone, Copy)]
+struct Torn {
+    /// The cut line's bytes at the end of the output.
+    len: u64,
+    /// The file's length after them (files only): the line is taken back
+    /// only if nobody appended since.
+    end: Option<u64>,
+}
+
 impl Output<'_> {
-    fn write(&mut self, line: &str) {
-        let r = match &mut self.sink {
-            Sink::Off => Ok(()),
-            Sink::Stdout(s) => s.lock().write_all(line.as_bytes()),
-            Sink::File(f) => f.write_all(line.as_bytes()),
-        };
-        match r {
-            Ok(()) => self.unflushed += 1,
-            Err(e) => self.lose(1, &e),
+    fn new(sink: Sink, dropped: &Counter) -> Output<'_> {
+        Output {
+            sink,
+            buf: Vec::with_capacity(OUT_BUFFER),
+            lines: 0,
+            torn: None,
+            lost: 0,
+            warned: None,
+            dropped,
         }
     }
 
-    fn flush(&mut self) {
-        let r = match &mut self.sink {
-            Sink::Off => Ok(()),
-            Sink::Stdout(s) => s.lock().flush(),
-            Sink::File(f) => f.flush(),
-        };
-        let unflushed = std::mem::take(&mut self.unflushed);
-        if let Err(e) = r {
-            // The buffer's lines will not be written: let them go (a
-            // full buffer would otherwise take no line at all) and count them.
-            if let Sink::File(f) = std::mem::replace(&mut self.sink, Sink::Off) {
-                self.sink = Sink::File(BufWriter::new(f.into_parts().0));
-            }
-            self.lose(unflushed, &e);
+    fn write(&mut self, line: &str) {
+        if matches!(self.sink, Sink::Off) {
+            return;
         }
+        if !self.buf.is_empty() && self.buf.len() + line.len() > OUT_BUFFER {
+            self.flush();
+        }
+        self.buf.extend_from_slice(line.as_bytes());
+        self.lines += 1;
+    }
+
+    /// Writes the gathered lines. A line the output took only part of is
+    /// taken back from a file (or ended, where it cannot be), and every
+    /// line not written whole is counted as lost.
+    fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let lines = std::mem::take(&mut self.lines);
+        let file = match &mut self.sink {
+            Sink::Off => None,
+            Sink::Stdout(f) | Sink::File(f) => Some(f),
+        };
+        if let Some(f) = file {
+            let mut done = 0;
+            let mut failure = mend(f, &mut self.torn).err();
+            while failure.is_none() && done < buf.len() {
+                match f.write(&buf[done..]) {
+                    Ok(0) => failure = Some(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => failure = Some(e),
+                }
+            }
+            if let Some(e) = failure {
+                let (whole, cut) = split_at_line(&buf[..done]);
+                if cut > 0 {
+                    let end = match &self.sink {
+                        Sink::File(f) => f.metadata().ok().map(|m| m.len()),
+                        _ => None,
+                    };
+                    self.torn = Some(Torn {
+                        len: cut as u64,
+                        end,
+                    });
+                }
+                let written = memchr_count(whole);
+                self.lose(lines - written, &e);
+            }
+        }
+        buf.clear();
+        if buf.capacity() > OUT_BUFFER {
+            buf = Vec::with_capacity(OUT_BUFFER);
+        }
+        self.buf = buf;
+    }
+
+    /// Writes to `sink` from now on (a reload, a reopened file), once the
+    /// old output's cut line, if any, is mended as far as it can be.
+    fn switch(&mut self, sink: Sink) {
+        self.flush();
+        if let Sink::Stdout(f) | Sink::File(f) = &mut self.sink {
+            let _ = mend(f, &mut self.torn);
+        }
+        self.torn = None;
+        self.sink = sink;
     }
 
     fn lose(&mut self, lines: u64, e: &io::Error) {
@@ -298,14 +372,51 @@ impl Output<'_> {
     }
 }
 
-fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
-    let mut out = Output {
-        sink,
-        unflushed: 0,
-        lost: 0,
-        warned: None,
-        dropped: &state.dropped,
+/// Before the next lines: takes a cut line back from the end of a file,
+/// or else ends it with a newline of its own, so that it cannot run into
+/// the next line. A file that grew since (another writer appended) is
+/// left as it is: truncating would cut that writer's line.
+fn mend(f: &mut File, torn: &mut Option<Torn>) -> io::Result<()> {
+    let Some(t) = *torn else {
+        return Ok(());
     };
+    if let Some(end) = t.end {
+        match f.metadata().map(|m| m.len()) {
+            Ok(len) if len == end => {
+                if f.set_len(end - t.len).is_ok() {
+                    *torn = None;
+                    return Ok(());
+                }
+            }
+            Ok(_) => {
+                *torn = None;
+                return Ok(());
+            }
+            Err(_) => {}
+        }
+    }
+    match f.write(b"\n") {
+        Ok(1) => {
+            *torn = None;
+            Ok(())
+        }
+        Ok(_) => Err(io::ErrorKind::WriteZero.into()),
+        Err(e) => Err(e),
+    }
+}
+
+/// `bytes` as whole lines, and the length of the line cut after them.
+fn split_at_line(bytes: &[u8]) -> (&[u8], usize) {
+    let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    (&bytes[..whole], bytes.len() - whole)
+}
+
+fn memchr_count(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|&&b| b == b'\n').count() as u64
+}
+
+fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
+    let mut out = Output::new(sink, &state.dropped);
     // Lines taken off the queue, written or lost.
     let mut taken = 0u64;
     let mut pending = 0usize;
@@ -315,7 +426,10 @@ fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
         let msg = if pending == 0 {
             match rx.recv() {
                 Ok(m) => m,
-                Err(_) => return,
+                Err(_) => {
+                    out.flush();
+                    return;
+                }
             }
         } else {
             match rx.try_recv() {
@@ -343,7 +457,7 @@ fn writer(rx: Receiver<Msg>, sink: Sink, state: &State) {
         if let Some(target) = reopen {
             out.flush();
             match open(&target) {
-                Ok(s) => out.sink = s,
+                Ok(s) => out.switch(s),
                 Err(e) => tracing::error!("{e}; keeping the previous access log"),
             }
         }
@@ -619,6 +733,73 @@ fn escape_line_breakers(line: String) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn temp_file(name: &str, content: &[u8]) -> (std::path::PathBuf, File) {
+        let dir = std::env::temp_dir().join(format!("tlsgate-alog-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("log");
+        std::fs::write(&path, content).unwrap();
+        let f = OpenOptions::new().append(true).open(&path).unwrap();
+        (path, f)
+    }
+
+    #[test]
+    fn a_cut_line_is_taken_back_from_the_end_of_the_file() {
+        let (path, mut f) = temp_file("back", b"one\ntw");
+        let mut torn = Some(Torn {
+            len: 2,
+            end: Some(6),
+        });
+        mend(&mut f, &mut torn).unwrap();
+        assert!(torn.is_none());
+        assert_eq!(std::fs::read(&path).unwrap(), b"one\n");
+    }
+
+    #[test]
+    fn a_cut_line_that_cannot_be_taken_back_is_ended_by_a_newline() {
+        // No length known (standard output): the line is ended instead.
+        let (path, mut f) = temp_file("end", b"one\ntw");
+        let mut torn = Some(Torn { len: 2, end: None });
+        mend(&mut f, &mut torn).unwrap();
+        f.write_all(b"three\n").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"one\ntw\nthree\n");
+    }
+
+    #[test]
+    fn a_file_another_writer_appended_to_is_not_truncated() {
+        let (path, mut f) = temp_file("other", b"one\ntwother\n");
+        let mut torn = Some(Torn {
+            len: 2,
+            end: Some(6),
+        });
+        mend(&mut f, &mut torn).unwrap();
+        assert!(torn.is_none());
+        assert_eq!(std::fs::read(&path).unwrap(), b"one\ntwother\n");
+    }
+
+    #[test]
+    fn every_line_a_failed_write_held_is_counted_as_lost() {
+        let full = OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let dropped = Counter::default();
+        let mut out = Output::new(Sink::File(full), &dropped);
+        for _ in 0..5 {
+            out.write("GET / 200\n");
+        }
+        out.flush();
+        assert_eq!(dropped.get(), 5);
+        // What the buffer held is gone: the next flush loses only its own.
+        out.write("GET / 200\n");
+        out.flush();
+        assert_eq!(dropped.get(), 6);
+    }
+
+    #[test]
+    fn lines_are_split_at_the_last_newline() {
+        assert_eq!(split_at_line(b"a\nbc"), (&b"a\n"[..], 2));
+        assert_eq!(split_at_line(b"a\nb\n"), (&b"a\nb\n"[..], 0));
+        assert_eq!(split_at_line(b"abc"), (&b""[..], 3));
+        assert_eq!(memchr_count(b"a\nb\nc"), 2);
+    }
 
     fn rec() -> Record<'static> {
         Record {

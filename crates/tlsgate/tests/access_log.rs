@@ -190,6 +190,91 @@ fn a_full_disk_is_counted_and_warned_about_once() {
     assert!(log.contains("lines lost"), "{log}");
 }
 
+/// A tmpfs of `size` mounted at `dir` for a test's lifetime: a disk that
+/// fills up partway through a write.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "this test needs root to mount a tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_line_cut_by_a_full_disk_is_taken_back_not_glued_to_the_next() {
+    let fx = Fixture::new();
+    let disk = fx.path().join("disk");
+    let _mounted = SmallDisk::mount(&disk, "64k");
+    // Two pages left free: the log fills them partway through a line.
+    let filler = disk.join("filler");
+    std::fs::write(&filler, vec![0u8; 56 * 1024]).unwrap();
+    let log = disk.join("access.log");
+    let s = Server::start(
+        &fx,
+        &fx.config(&format!("[access_log]\ntarget = {log:?}\n"), ""),
+    );
+    let urls: Vec<String> = (0..120)
+        .map(|n| s.url(&format!("/hello.txt?n={n}")))
+        .collect();
+    let first: Vec<&str> = urls[..100].iter().map(String::as_str).collect();
+    assert!(s.curl(&first).status.success());
+    let full = s.metrics_when(|t| !t.contains("tlsgate_access_log_dropped_total 0\n"));
+    let dropped = |t: &str| -> u64 {
+        t.lines()
+            .find_map(|l| l.strip_prefix("tlsgate_access_log_dropped_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    assert!(dropped(&full) > 0, "the disk never filled:\n{full}");
+    // Room again: the lines after must start on lines of their own.
+    std::fs::remove_file(&filler).unwrap();
+    let rest: Vec<&str> = urls[100..].iter().map(String::as_str).collect();
+    assert!(s.curl(&rest).status.success());
+    let text = wait_file_line(&log, "?n=119 ");
+    let lost = dropped(&s.admin_get("/metrics"));
+    let lines: Vec<&str> = text.lines().collect();
+    for l in &lines {
+        assert!(
+            l.starts_with("127.0.0.1 ") && l.matches("\"GET ").count() == 1 && l.ends_with('"'),
+            "a broken line: {l:?}\nin\n{text}"
+        );
+    }
+    for n in 100..120 {
+        assert!(
+            text.contains(&format!("?n={n} ")),
+            "?n={n} missing:\n{text}"
+        );
+    }
+    assert_eq!(
+        lines.len() as u64 + lost,
+        120,
+        "lines written and counted as lost must be every request:\n{text}"
+    );
+}
+
 #[test]
 fn a_reload_switches_the_format_of_open_connections_too() {
     let fx = Fixture::new();
