@@ -1226,13 +1226,15 @@ fn cookies_respect_sack_and_window_scaling_turned_off_on_the_host() {
     }
 }
 
-/// Sends one hand-made SYN from the client's interface (`python3 -c
-/// RAW_SYN IF SRC_MAC DST_MAC SRC DST PORT`, AF_PACKET) and watches that
-/// interface 1.5 s for the SYN-ACK: prints `SYN-ACK from ADDR` or
-/// `no SYN-ACK`.
+/// Sends one hand-made SYN (with an MSS option) from the client's
+/// interface (`python3 -c RAW_SYN IF SRC_MAC DST_MAC SRC DST PORT [SKEW]`,
+/// AF_PACKET) and watches that interface 1.5 s for the SYN-ACK: prints
+/// `SYN-ACK from ADDR` or `no SYN-ACK`. SKEW is added to the IP length
+/// field (IPv4 total length, IPv6 payload length), the frame left whole.
 const RAW_SYN: &str = r#"
 import random, socket, struct, sys, time
 ifname, smac, dmac, src, dst, port = sys.argv[1:7]
+skew = int(sys.argv[7]) if len(sys.argv) > 7 else 0
 def mac(m):
     return bytes.fromhex(m.replace(":", ""))
 def csum(b):
@@ -1248,12 +1250,12 @@ tcp = struct.pack("!HHIIBBHHH", sport, int(port), random.getrandbits(32), 0, 6 <
 if ":" in dst:
     sa, da = socket.inet_pton(socket.AF_INET6, src), socket.inet_pton(socket.AF_INET6, dst)
     tcp = tcp[:16] + struct.pack("!H", csum(sa + da + struct.pack("!IxxxB", len(tcp), 6) + tcp)) + tcp[18:]
-    ip = struct.pack("!IHBB", 6 << 28, len(tcp), 6, 64) + sa + da
+    ip = struct.pack("!IHBB", 6 << 28, len(tcp) + skew, 6, 64) + sa + da
     etype = 0x86DD
 else:
     sa, da = socket.inet_aton(src), socket.inet_aton(dst)
     tcp = tcp[:16] + struct.pack("!H", csum(sa + da + struct.pack("!BBH", 0, 6, len(tcp)) + tcp)) + tcp[18:]
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0x4000, 64, 6, 0, sa, da)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp) + skew, 0, 0x4000, 64, 6, 0, sa, da)
     ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
     etype = 0x0800
 r = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
@@ -1280,6 +1282,11 @@ print("no SYN-ACK")
 "#;
 
 fn raw_syn(lab: &Lab, dst_mac: &str, src: &str, dst: &str) -> String {
+    raw_syn_skewed(lab, dst_mac, src, dst, 0)
+}
+
+/// [`raw_syn`] with `skew` added to the IP length field.
+fn raw_syn_skewed(lab: &Lab, dst_mac: &str, src: &str, dst: &str, skew: i32) -> String {
     let smac = Lab::link(&lab.cli, &lab.cli_if)["address"]
         .as_str()
         .unwrap()
@@ -1294,8 +1301,24 @@ fn raw_syn(lab: &Lab, dst_mac: &str, src: &str, dst: &str) -> String {
         src,
         dst,
         "8443",
+        &skew.to_string(),
     ]));
     out.trim().to_string()
+}
+
+/// tlsgate on wildcard listeners (which match any destination address)
+/// with `always` on the server's interface: its MAC.
+fn wildcard_lab(tag: &str) -> (Lab, Fixture, Tlsgate, String) {
+    let lab = Lab::new(tag);
+    let fx = Fixture::new();
+    let server = Tlsgate::spawn_on(&lab, &fx, "\"0.0.0.0:8443\", \"[::]:8443\"", "", "");
+    server.wait_log("listening on https://[::]:8443");
+    lab.attach_always(8443);
+    let srv_mac = Lab::link(&lab.srv, &lab.srv_if)["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (lab, fx, server, srv_mac)
 }
 
 /// SYNs that are not for this host (another destination MAC, broadcast)
@@ -1306,15 +1329,7 @@ fn raw_syn(lab: &Lab, dst_mac: &str, src: &str, dst: &str) -> String {
 /// answered (the probe can see a SYN-ACK), and a client still connects.
 #[test]
 fn syns_for_other_hosts_get_no_syn_ack() {
-    let lab = Lab::new("o");
-    let fx = Fixture::new();
-    let server = Tlsgate::spawn_on(&lab, &fx, "\"0.0.0.0:8443\", \"[::]:8443\"", "", "");
-    server.wait_log("listening on https://[::]:8443");
-    lab.attach_always(8443);
-    let srv_mac = Lab::link(&lab.srv, &lab.srv_if)["address"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (lab, _fx, server, srv_mac) = wildcard_lab("o");
     let foreign = "02:00:5e:00:53:01";
     assert_eq!(
         raw_syn(&lab, &srv_mac, CLI4, SRV4),
@@ -1337,6 +1352,105 @@ fn syns_for_other_hosts_get_no_syn_ack() {
     let st = lab.stats();
     let (syns, cookies, _, _) = counters(&st);
     assert_eq!((syns, cookies), (2, 2), "only the SYNs for us: {st}");
+    drop(server);
+}
+
+/// One counter of the protected port.
+fn counter(stats: &serde_json::Value, name: &str) -> u64 {
+    stats["ports"][0]["counters"][name].as_u64().unwrap()
+}
+
+/// The normal SYNs over IPv4 and IPv6 get SYN-ACKs from XDP (the probe
+/// can see one): two cookies.
+fn normal_syns_are_answered(lab: &Lab, srv_mac: &str) {
+    let before = cookies_now(lab);
+    assert_eq!(
+        raw_syn(lab, srv_mac, CLI4, SRV4),
+        format!("SYN-ACK from {SRV4}")
+    );
+    assert_eq!(
+        raw_syn(lab, srv_mac, CLI6, SRV6),
+        format!("SYN-ACK from {SRV6}")
+    );
+    assert_eq!(cookies_now(lab), before + 2, "answered from XDP");
+}
+
+/// Sends each SYN of `cases` (source, destination, IP length skew) to the
+/// server's MAC, between normal SYNs that must be answered: none of them
+/// may get a SYN-ACK or move the cookie counter (every one that did is
+/// listed), and each must be passed and counted under `reason`.
+fn none_answered(lab: &Lab, srv_mac: &str, cases: &[(&str, &str, i32)], reason: &str) {
+    normal_syns_are_answered(lab, srv_mac);
+    let mut wrong = Vec::new();
+    for &(src, dst, skew) in cases {
+        let before = cookies_now(lab);
+        let said = raw_syn_skewed(lab, srv_mac, src, dst, skew);
+        let cookies = cookies_now(lab) - before;
+        if said != "no SYN-ACK" || cookies != 0 {
+            wrong.push(format!(
+                "{src} -> {dst} (IP length {skew:+}): {said}, {cookies} cookies"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "answered:\n{}", wrong.join("\n"));
+    normal_syns_are_answered(lab, srv_mac);
+    let st = lab.stats();
+    let n = u64::try_from(cases.len()).unwrap();
+    assert_eq!(counters(&st), (4 + n, 4, n, 0), "{st}");
+    assert_eq!(counter(&st, reason), n, "{st}");
+}
+
+/// SYNs to the server's MAC from or to addresses the kernel drops on input
+/// (martians: multicast, broadcast, loopback, unspecified, 0.0.0.0/8,
+/// IPv4-mapped; a wildcard listener matches any destination) get no
+/// SYN-ACK from XDP: they pass to the kernel, counted as `martian`, and
+/// the kernel drops them. Normal SYNs before and after are answered.
+#[test]
+fn syns_from_or_to_martian_addresses_get_no_syn_ack() {
+    let (lab, _fx, server, srv_mac) = wildcard_lab("ma");
+    let cases = [
+        ("224.0.0.1", SRV4, 0),
+        ("239.1.2.3", SRV4, 0),
+        ("255.255.255.255", SRV4, 0),
+        ("127.0.0.1", SRV4, 0),
+        ("0.0.0.0", SRV4, 0),
+        ("0.1.2.3", SRV4, 0),
+        ("ff02::1", SRV6, 0),
+        ("ff0e::1", SRV6, 0),
+        ("::1", SRV6, 0),
+        ("::", SRV6, 0),
+        ("::ffff:10.254.1.2", SRV6, 0),
+        (CLI4, "255.255.255.255", 0),
+        (CLI4, "224.0.0.1", 0),
+        (CLI4, "127.0.0.1", 0),
+        (CLI4, "0.0.0.0", 0),
+        (CLI6, "ff02::1", 0),
+        (CLI6, "::1", 0),
+        (CLI6, "::ffff:10.254.1.1", 0),
+    ];
+    none_answered(&lab, &srv_mac, &cases, "martian");
+    fetch_hello(&lab);
+    drop(server);
+}
+
+/// SYNs whose IP length (IPv4 total length, IPv6 payload length) does
+/// not cover the TCP header's options, which the frame still holds past
+/// the datagram (as Ethernet padding), or none of the TCP header, or runs
+/// past the end of the frame: the kernel drops them, so XDP answers none
+/// (they pass, counted as `malformed`), and reads no option from padding.
+#[test]
+fn syns_whose_ip_length_misses_the_tcp_header_get_no_syn_ack() {
+    let (lab, _fx, server, srv_mac) = wildcard_lab("ml");
+    // The SYN's TCP header is 24 bytes: 20 and an MSS option.
+    let cases = [
+        (CLI4, SRV4, -4),
+        (CLI4, SRV4, -24),
+        (CLI4, SRV4, 100),
+        (CLI6, SRV6, -4),
+        (CLI6, SRV6, -24),
+        (CLI6, SRV6, 100),
+    ];
+    none_answered(&lab, &srv_mac, &cases, "malformed");
     drop(server);
 }
 

@@ -18,7 +18,11 @@
  *
  * Everything that is not a SYN to a protected port, and every SYN that
  * cannot be answered here (IPv4 options, IPv6 extension headers, no
- * listener, helper errors), passes to the kernel untouched.
+ * listener, helper errors), passes to the kernel untouched. So do SYNs the
+ * kernel would drop, for it to count and drop: from or to an address it
+ * never answers (martian4/6), or whose IP length does not hold the TCP
+ * header or is not all in the frame (the options would be read from
+ * Ethernet padding). Nothing is dropped here.
  *
  * Only frames sent to the interface's own MAC address are answered; the
  * rest (other hosts' frames seen on a shared segment or in promiscuous
@@ -294,6 +298,69 @@ static __always_inline void count_source(int v6, __u32 saddr4, const __u32 *sadd
 		else
 			bpf_map_update_elem(&top_v4, &saddr4, &one, BPF_NOEXIST);
 	}
+}
+
+/* IPv4 addresses Linux never answers a SYN from or to (ip_route_input_slow's
+ * martians, tcp_v4_conn_request's broadcast and multicast): 0.0.0.0/8,
+ * 127.0.0.0/8 (martian unless route_localnet; the kernel decides then),
+ * 224.0.0.0/4 and 255.255.255.255. A subnet's broadcast address needs the
+ * routes: not checked. */
+static __always_inline int martian4(__be32 addr)
+{
+	__u32 a = bpf_ntohl(addr);
+
+	return (a >> 24) == 0 || (a >> 24) == 127 || (a >> 28) == 0xe || a == 0xffffffff;
+}
+
+/* IPv6 likewise (ipv6_rcv_core, tcp_v6_conn_request): ff00::/8, ::1, ::
+ * (no peer to answer) and ::ffff:0:0/96 (IPv4-mapped). */
+static __always_inline int martian6(const struct in6_addr *addr)
+{
+	__u32 w0 = addr->in6_u.u6_addr32[0], w1 = addr->in6_u.u6_addr32[1];
+	__u32 w2 = addr->in6_u.u6_addr32[2], w3 = addr->in6_u.u6_addr32[3];
+
+	if ((bpf_ntohl(w0) >> 24) == 0xff)
+		return 1;
+	if (w0 || w1)
+		return 0;
+	if (w2 == bpf_htonl(0xffff))
+		return 1;
+	return w2 == 0 && (w3 == 0 || w3 == bpf_htonl(1));
+}
+
+enum check {
+	CHECK_OK,
+	CHECK_MARTIAN,
+	CHECK_MALFORMED,
+};
+
+/* What the kernel would make of the SYN at l3/th before any listener sees
+ * it (frame: the frame's length; l3off: the IP header's offset). What it
+ * drops is passed to it (XDP_PASS, as for all we do not answer), not
+ * dropped here: the drop and its count stay the kernel's. */
+static __always_inline enum check check_syn(const void *l3, const struct tcphdr *th, int v6,
+					     __u32 l3off, __u32 frame)
+{
+	__u32 thlen = th->doff * 4;
+
+	if (v6) {
+		const struct ipv6hdr *ip6 = l3;
+		__u32 plen = bpf_ntohs(ip6->payload_len);
+
+		if (martian6(&ip6->saddr) || martian6(&ip6->daddr))
+			return CHECK_MARTIAN;
+		if (thlen < sizeof(*th) || plen < thlen || l3off + sizeof(*ip6) + plen > frame)
+			return CHECK_MALFORMED;
+	} else {
+		const struct iphdr *ip4 = l3;
+		__u32 tot = bpf_ntohs(ip4->tot_len);
+
+		if (martian4(ip4->saddr) || martian4(ip4->daddr))
+			return CHECK_MARTIAN;
+		if (thlen < sizeof(*th) || tot < sizeof(*ip4) + thlen || l3off + tot > frame)
+			return CHECK_MALFORMED;
+	}
+	return CHECK_OK;
 }
 
 /* Get a cookie for the SYN at l3/th and turn the frame into its SYN-ACK.
@@ -607,6 +674,19 @@ int syngate(struct xdp_md *ctx)
 		if (eth->h_dest[i] != cfg->if_mac[i])
 			return XDP_PASS;
 	cnt->syn_seen++;
+	/* Before the mode: such SYNs take no probe and keep no flood going. */
+	switch (check_syn(eth + 1, th, v6, l3off, data_end - data)) {
+	case CHECK_MARTIAN:
+		cnt->martian++;
+		cnt->passed++;
+		return XDP_PASS;
+	case CHECK_MALFORMED:
+		cnt->malformed++;
+		cnt->passed++;
+		return XDP_PASS;
+	default:
+		break;
+	}
 
 	now = bpf_ktime_get_ns();
 	if (cfg->mode == SG_MODE_ALWAYS) {

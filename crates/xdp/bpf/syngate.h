@@ -56,8 +56,9 @@ struct sg_config {
 
 /* Per port slot and per CPU ("counters", a per-CPU array of these).
  * Every SYN seen is either answered (cookies) or passed:
- * syn_seen == cookies + passed. no_listener and errors are the passed
- * SYNs that failed (a subset of passed). */
+ * syn_seen == cookies + passed. no_listener, errors, martian and
+ * malformed are the passed SYNs that were not answered, by reason (a
+ * subset of passed). */
 struct sg_counters {
 	__u64 syn_seen;
 	__u64 cookies;
@@ -65,6 +66,8 @@ struct sg_counters {
 	__u64 no_listener;
 	__u64 errors;
 	__u64 sampled; /* auto: peacetime probes (SYNs tried while not in flood) */
+	__u64 martian;   /* an address the kernel drops (see martian4/6) */
+	__u64 malformed; /* IP length short of the TCP header, or past the frame */
 };
 
 /* Per port slot, shared by all CPUs ("state", an array). Written without
@@ -81,7 +84,7 @@ struct sg_state {
 
 /* Sizes that abi.rs asserts too. */
 _Static_assert(sizeof(struct sg_config) == 80, "sg_config layout");
-_Static_assert(sizeof(struct sg_counters) == 48, "sg_counters layout");
+_Static_assert(sizeof(struct sg_counters) == 64, "sg_counters layout");
 _Static_assert(sizeof(struct sg_state) == 40, "sg_state layout");
 
 #endif

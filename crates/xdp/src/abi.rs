@@ -14,7 +14,7 @@ pub const MAX_PORTS: usize = 16;
 /// `sizeof(struct sg_config)`.
 pub const CONFIG_SIZE: usize = 80;
 /// `sizeof(struct sg_counters)`.
-pub const COUNTERS_SIZE: usize = 48;
+pub const COUNTERS_SIZE: usize = 64;
 /// `sizeof(struct sg_state)`.
 pub const STATE_SIZE: usize = 40;
 
@@ -186,8 +186,9 @@ impl Config {
 }
 
 /// `struct sg_counters`, one port slot, summed over CPUs. Every SYN seen is
-/// answered or passed: `syn_seen == cookies + passed`; `no_listener` and
-/// `errors` are passed SYNs that could not be answered.
+/// answered or passed: `syn_seen == cookies + passed`; `no_listener`,
+/// `errors`, `martian` and `malformed` are passed SYNs that were not
+/// answered, by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
     /// SYNs to the port.
@@ -202,6 +203,12 @@ pub struct Counters {
     pub errors: u64,
     /// auto: peacetime probes offered to the helper.
     pub sampled: u64,
+    /// Passed: from or to an address the kernel never answers (multicast,
+    /// broadcast, loopback, unspecified, IPv4-mapped), for it to drop.
+    pub martian: u64,
+    /// Passed: the IP length does not hold the TCP header or runs past
+    /// the frame, for the kernel to drop.
+    pub malformed: u64,
 }
 
 impl Counters {
@@ -215,6 +222,8 @@ impl Counters {
             no_listener: f(3),
             errors: f(4),
             sampled: f(5),
+            martian: f(6),
+            malformed: f(7),
         }
     }
 
@@ -226,6 +235,8 @@ impl Counters {
         self.no_listener += o.no_listener;
         self.errors += o.errors;
         self.sampled += o.sampled;
+        self.martian += o.martian;
+        self.malformed += o.malformed;
     }
 }
 
@@ -303,11 +314,12 @@ mod tests {
     #[test]
     fn counters_and_state_layout() {
         let mut b = [0u8; COUNTERS_SIZE];
-        for i in 0..6 {
+        for i in 0..8 {
             b[8 * i..8 * i + 8].copy_from_slice(&(i as u64 + 1).to_ne_bytes());
         }
         let c = Counters::decode(&b);
         assert_eq!((c.syn_seen, c.sampled), (1, 6));
+        assert_eq!((c.martian, c.malformed), (7, 8));
         let mut s = [0u8; STATE_SIZE];
         s[24..32].copy_from_slice(&7u64.to_ne_bytes());
         s[32..36].copy_from_slice(&1u32.to_ne_bytes());

@@ -5,8 +5,9 @@
 //!
 //! Every series is labelled by interface and, but for the top sources,
 //! by port: `tlsgate_xdp_syns_total`, `_cookies_total`, `_passed_total`,
-//! `_failures_total{reason="no_listener"|"error"}`, `_probes_total`,
-//! `_flood` (1 in flood mode), `_flood_transitions_total{to="flood"|"peace"}`,
+//! `_failures_total{reason="no_listener"|"error"|"martian"|"malformed"}`,
+//! `_probes_total`, `_flood` (1 in flood mode),
+//! `_flood_transitions_total{to="flood"|"peace"}`,
 //! `_top_source_syns{prefix}` (sampled, flood mode only) and
 //! `tlsgate_xdp_attached` (0 when the program could not be attached and
 //! `xdp.optional` let tlsgate run unprotected, and when the kernel has
@@ -132,6 +133,8 @@ impl Collector for XdpCollector {
             for (reason, v) in [
                 ("no_listener", p.counters.no_listener),
                 ("error", p.counters.errors),
+                ("martian", p.counters.martian),
+                ("malformed", p.counters.malformed),
             ] {
                 failures.push((
                     vec![
@@ -146,7 +149,7 @@ impl Collector for XdpCollector {
         family(
             &mut e,
             "xdp_failures",
-            "SYNs XDP could not answer (passed to the kernel), by reason",
+            "SYNs XDP did not answer (passed to the kernel), by reason",
             MetricType::Counter,
             &failures,
         )?;

@@ -244,13 +244,15 @@ impl std::fmt::Display for Stats {
         )?;
         writeln!(
             f,
-            "{:>6} {:>12} {:>12} {:>12} {:>11} {:>8} {:>8} {:>6} {:>8} {:>6}",
+            "{:>6} {:>12} {:>12} {:>12} {:>11} {:>8} {:>8} {:>9} {:>8} {:>6} {:>8} {:>6}",
             "port",
             "syns",
             "cookies",
             "passed",
             "no_listener",
             "errors",
+            "martian",
+            "malformed",
             "probes",
             "flood",
             "entered",
@@ -260,13 +262,15 @@ impl std::fmt::Display for Stats {
             let c = &p.counters;
             writeln!(
                 f,
-                "{:>6} {:>12} {:>12} {:>12} {:>11} {:>8} {:>8} {:>6} {:>8} {:>6}",
+                "{:>6} {:>12} {:>12} {:>12} {:>11} {:>8} {:>8} {:>9} {:>8} {:>6} {:>8} {:>6}",
                 p.port,
                 c.syn_seen,
                 c.cookies,
                 c.passed,
                 c.no_listener,
                 c.errors,
+                c.martian,
+                c.malformed,
                 c.sampled,
                 if p.state.flood { "yes" } else { "no" },
                 p.state.flood_entered,
