@@ -56,6 +56,14 @@ const OUT_KEPT: usize = 64 * 1024;
 /// worker signs over the shared connection.
 pub const MAX_LANES: usize = 256;
 
+/// The key server's nice value, where it may lower it (root, or
+/// `CAP_SYS_NICE`). On a core it shares with a worker, a worker woken by
+/// the network would otherwise preempt a signature under way, as often
+/// as twice per RSA signature at a few thousand handshakes a second,
+/// each time on caches the worker then filled. docs/bench.md, "Key
+/// isolation's cost", has the measurement.
+pub const NICE: i32 = -5;
+
 /// Runs the supervisor until the network-facing process goes away.
 ///
 /// `control` is its control socket (standard input); `worker_args` are the
@@ -430,6 +438,10 @@ pub fn serve(
     load_config: impl Fn() -> Result<Config, ConfigError>,
 ) -> io::Result<()> {
     conn.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    // Before any lane thread starts: they inherit it.
+    if let Err(e) = tlsgate_sys::privileges::set_thread_nice(NICE) {
+        tracing::debug!("key server: keeps its nice value: {e}");
+    }
     let mut keys = Keys {
         by_id: Arc::default(),
         self_signed: SelfSignedCache::default(),

@@ -115,6 +115,14 @@ pub fn drop_privileges(ids: Option<Ids>) -> Result<(), PrivilegeError> {
     verify(ids)
 }
 
+/// Sets the calling thread's nice value (Linux: per thread; threads it
+/// starts afterwards inherit it). Lowering it needs `CAP_SYS_NICE`
+/// (or `RLIMIT_NICE`).
+pub fn set_thread_nice(nice: i32) -> Result<(), PrivilegeError> {
+    rustix::process::setpriority_process(None, nice)
+        .map_err(|e| fail(format!("setpriority({nice})"), e))
+}
+
 /// Sets whether this process dumps core and may be read by other
 /// processes of its user (`/proc/PID/mem`, `environ`, `ptrace`) without
 /// `CAP_SYS_PTRACE`: `PR_SET_DUMPABLE`, for the whole process at once.

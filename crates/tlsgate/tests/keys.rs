@@ -697,6 +697,56 @@ fn start_without_ptrace(fx: &Fixture, top: &str) -> Server {
     server
 }
 
+/// Nice values of every thread of `pid`, by thread name.
+fn thread_nice(pid: u32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().path();
+        let stat = std::fs::read_to_string(t.join("stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        // Field 19 of stat(5); `after` starts at field 3.
+        let nice = after.split_whitespace().nth(16).unwrap().parse().unwrap();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap();
+        out.push((comm.trim().to_string(), nice));
+    }
+    out
+}
+
+/// The key server runs at a lower nice value, lanes included, so that a
+/// worker woken by the network does not preempt a signature under way on
+/// the core they share; the serving process keeps its own.
+#[test]
+fn the_key_server_signs_at_a_higher_priority_than_the_workers() {
+    let fx = Fixture::new();
+    let server = Server::start(&fx, &fx.config("", ""));
+    // A full handshake opens the worker's lane (a thread of its own).
+    fetch(server.addr, "localhost", &rustls::version::TLS13).unwrap();
+    let (_, ks) = key_processes(&server);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let threads = loop {
+        let t = thread_nice(ks);
+        if t.iter().any(|(name, _)| name == "key-lane") || Instant::now() > deadline {
+            break t;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        threads.iter().any(|(name, _)| name == "key-lane"),
+        "no lane: {threads:?}"
+    );
+    assert!(
+        threads.iter().all(|(_, nice)| *nice == -5),
+        "key server: {threads:?}"
+    );
+    // As the test runs (a niced test run starts the server niced too).
+    let ours = thread_nice(std::process::id())[0].1;
+    let serving = thread_nice(server.pid());
+    assert!(
+        serving.iter().all(|(_, nice)| *nice == ours),
+        "serving process: {serving:?}, ours {ours}"
+    );
+}
+
 /// The key server is not dumpable from its start: a process of its own
 /// user (root here) without CAP_SYS_PTRACE cannot open its memory, and a
 /// crash writes no core file with its keys. Neither is the serving process
