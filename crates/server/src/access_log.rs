@@ -307,50 +307,41 @@ impl Output<'_> {
         if self.buf.is_empty() {
             return;
         }
-        let mut buf = std::mem::take(&mut self.buf);
         let lines = std::mem::take(&mut self.lines);
-        let file = match &mut self.sink {
-            Sink::Off => None,
-            Sink::Stdout(f) | Sink::File(f) => Some(f),
-        };
-        if let Some(f) = file {
-            let mut done = 0;
-            let mut failure = mend(f, &mut self.torn).err();
-            while failure.is_none() && done < buf.len() {
-                match f.write(&buf[done..]) {
-                    Ok(0) => failure = Some(io::ErrorKind::WriteZero.into()),
-                    Ok(n) => done += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => failure = Some(e),
-                }
-            }
-            if let Some(e) = failure {
-                let (whole, cut) = split_at_line(&buf[..done]);
+        let is_file = matches!(self.sink, Sink::File(_));
+        let mut failure = None;
+        if let Sink::Stdout(f) | Sink::File(f) = &mut self.sink {
+            let (done, e) = match mend(f, &mut self.torn) {
+                Ok(()) => write_some(f, &self.buf),
+                Err(e) => (0, Some(e)),
+            };
+            if let Some(e) = e {
+                let written = &self.buf[..done];
+                let cut = after_last_line(written);
                 if cut > 0 {
-                    let end = match &self.sink {
-                        Sink::File(f) => f.metadata().ok().map(|m| m.len()),
-                        _ => None,
-                    };
                     self.torn = Some(Torn {
                         len: cut as u64,
-                        end,
+                        end: is_file
+                            .then(|| f.metadata().ok().map(|m| m.len()))
+                            .flatten(),
                     });
                 }
-                let written = memchr_count(whole);
-                self.lose(lines - written, &e);
+                failure = Some((count_lines(written), e));
             }
         }
-        buf.clear();
-        if buf.capacity() > OUT_BUFFER {
-            buf = Vec::with_capacity(OUT_BUFFER);
+        if let Some((written, e)) = failure {
+            self.lose(lines - written, &e);
         }
-        self.buf = buf;
+        self.buf.clear();
+        if self.buf.capacity() > OUT_BUFFER {
+            self.buf = Vec::with_capacity(OUT_BUFFER);
+        }
     }
 
     /// Writes to `sink` from now on (a reload, a reopened file), once the
-    /// old output's cut line, if any, is mended as far as it can be.
+    /// old output's cut line, if any, is mended as far as it can be. The
+    /// caller has flushed.
     fn switch(&mut self, sink: Sink) {
-        self.flush();
         if let Sink::Stdout(f) | Sink::File(f) = &mut self.sink {
             let _ = mend(f, &mut self.torn);
         }
@@ -405,13 +396,27 @@ fn mend(f: &mut File, torn: &mut Option<Torn>) -> io::Result<()> {
     }
 }
 
-/// `bytes` as whole lines, and the length of the line cut after them.
-fn split_at_line(bytes: &[u8]) -> (&[u8], usize) {
-    let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    (&bytes[..whole], bytes.len() - whole)
+/// Writes `buf` until it is all written or a write fails: the bytes
+/// written, and the failure.
+fn write_some(f: &mut File, buf: &[u8]) -> (usize, Option<io::Error>) {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.write(&buf[done..]) {
+            Ok(0) => return (done, Some(io::ErrorKind::WriteZero.into())),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return (done, Some(e)),
+        }
+    }
+    (done, None)
 }
 
-fn memchr_count(bytes: &[u8]) -> u64 {
+/// Bytes after the last newline: a line's first part.
+fn after_last_line(bytes: &[u8]) -> usize {
+    bytes.len() - bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+}
+
+fn count_lines(bytes: &[u8]) -> u64 {
     bytes.iter().filter(|&&b| b == b'\n').count() as u64
 }
 
@@ -734,18 +739,19 @@ fn escape_line_breakers(line: String) -> String {
 mod tests {
     use super::*;
 
-    fn temp_file(name: &str, content: &[u8]) -> (std::path::PathBuf, File) {
-        let dir = std::env::temp_dir().join(format!("tlsgate-alog-{}-{name}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("log");
+    /// A file holding `content`, open for appending (the directory goes
+    /// with the test).
+    fn temp_file(content: &[u8]) -> (tempfile::TempDir, std::path::PathBuf, File) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
         std::fs::write(&path, content).unwrap();
         let f = OpenOptions::new().append(true).open(&path).unwrap();
-        (path, f)
+        (dir, path, f)
     }
 
     #[test]
     fn a_cut_line_is_taken_back_from_the_end_of_the_file() {
-        let (path, mut f) = temp_file("back", b"one\ntw");
+        let (_dir, path, mut f) = temp_file(b"one\ntw");
         let mut torn = Some(Torn {
             len: 2,
             end: Some(6),
@@ -758,7 +764,7 @@ mod tests {
     #[test]
     fn a_cut_line_that_cannot_be_taken_back_is_ended_by_a_newline() {
         // No length known (standard output): the line is ended instead.
-        let (path, mut f) = temp_file("end", b"one\ntw");
+        let (_dir, path, mut f) = temp_file(b"one\ntw");
         let mut torn = Some(Torn { len: 2, end: None });
         mend(&mut f, &mut torn).unwrap();
         f.write_all(b"three\n").unwrap();
@@ -767,7 +773,7 @@ mod tests {
 
     #[test]
     fn a_file_another_writer_appended_to_is_not_truncated() {
-        let (path, mut f) = temp_file("other", b"one\ntwother\n");
+        let (_dir, path, mut f) = temp_file(b"one\ntwother\n");
         let mut torn = Some(Torn {
             len: 2,
             end: Some(6),
@@ -794,11 +800,23 @@ mod tests {
     }
 
     #[test]
-    fn lines_are_split_at_the_last_newline() {
-        assert_eq!(split_at_line(b"a\nbc"), (&b"a\n"[..], 2));
-        assert_eq!(split_at_line(b"a\nb\n"), (&b"a\nb\n"[..], 0));
-        assert_eq!(split_at_line(b"abc"), (&b""[..], 3));
-        assert_eq!(memchr_count(b"a\nb\nc"), 2);
+    fn a_write_cut_short_keeps_its_whole_lines_and_its_cut_one_is_taken_back() {
+        let (_dir, path, f) = temp_file(b"");
+        let dropped = Counter::default();
+        let mut out = Output::new(Sink::File(f), &dropped);
+        // As the writer finds it after a write that stopped inside a line.
+        std::fs::write(&path, b"one\ntw").unwrap();
+        out.torn = Some(Torn {
+            len: 2,
+            end: Some(6),
+        });
+        out.write("three\n");
+        out.flush();
+        assert_eq!(std::fs::read(&path).unwrap(), b"one\nthree\n");
+        assert_eq!(count_lines(b"a\nb\nc"), 2);
+        assert_eq!(after_last_line(b"a\nbc"), 2);
+        assert_eq!(after_last_line(b"abc"), 3);
+        assert_eq!(after_last_line(b"a\n"), 0);
     }
 
     fn rec() -> Record<'static> {
