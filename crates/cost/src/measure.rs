@@ -15,8 +15,8 @@ use tlsgate_loadgen::{Cipher, Group, HandshakeJob, KeyType, Pacing, TlsProfile, 
 use tlsgate_server::INLINE_BODY_MAX;
 
 use crate::model::{
-    cipher_name, curve_key, smooth_regime_flips, BytePoint, CostError, Model, ReplacedPoint,
-    Workload,
+    cipher_name, curve_key, fill_below_noise, smooth_regime_flips, BytePoint, CostError, Model,
+    ReplacedPoint, ReplacedWhy, Workload,
 };
 
 /// The response of the handshake measurements.
@@ -401,17 +401,28 @@ pub fn calibrate(opts: &BenchOptions) -> Result<Model, CostError> {
             .skip(1)
             .map(|(size, ns)| BytePoint {
                 bytes: (size - SMALL) as f64,
-                ns: (ns - base).max(0.0),
+                ns: ns - base,
             })
             .collect();
         // Reported by `calibrate`'s output, from the model.
-        for (i, measured_ns) in smooth_regime_flips(&mut curve, (RAMP - SMALL) as f64) {
+        let below_noise = fill_below_noise(&mut curve);
+        let flips = smooth_regime_flips(&mut curve, (RAMP - SMALL) as f64);
+        for (why, (i, measured_ns)) in below_noise
+            .into_iter()
+            .map(|r| (ReplacedWhy::BelowNoise, r))
+            .chain(flips.into_iter().map(|r| (ReplacedWhy::RegimeFlip, r)))
+        {
             model.replaced.push(ReplacedPoint {
                 curve: key.clone(),
                 bytes: curve[i].bytes,
                 measured_ns,
                 used_ns: curve[i].ns,
+                why,
             });
+        }
+        // No point measured above the noise: nothing to scale from.
+        for p in &mut curve {
+            p.ns = p.ns.max(0.0);
         }
         model.byte_curve.insert(key, curve);
     }

@@ -1,7 +1,7 @@
 //! The model: coefficients, workloads, predictions.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -98,6 +98,32 @@ pub struct ReplacedPoint {
     pub measured_ns: f64,
     /// What the curve holds instead, ns.
     pub used_ns: f64,
+    /// Why the measured value was set aside.
+    #[serde(default)]
+    pub why: ReplacedWhy,
+}
+
+/// Why a measured curve point was set aside.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplacedWhy {
+    /// Far from both neighbours' cost per byte ([`smooth_regime_flips`]).
+    #[default]
+    RegimeFlip,
+    /// Not above the noise of the connection it rode on
+    /// ([`fill_below_noise`]).
+    BelowNoise,
+}
+
+impl fmt::Display for ReplacedWhy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ReplacedWhy::RegimeFlip => "far from both neighbours (a regime flip, docs/bench.md)",
+            ReplacedWhy::BelowNoise => {
+                "not above the handshake's noise; the next point's cost per byte"
+            }
+        })
+    }
 }
 
 /// How far (as a share) a point's cost per byte may be from what its two
@@ -129,6 +155,31 @@ pub fn smooth_regime_flips(curve: &mut [BytePoint], from_bytes: f64) -> Vec<(usi
         let expected = per_byte(a) + (per_byte(b) - per_byte(a)) * at;
         if expected > 0.0 && (per_byte(p) / expected - 1.0).abs() > REGIME_FLIP {
             curve[i].ns = expected * p.bytes;
+            replaced.push((i, p.ns));
+        }
+    }
+    replaced
+}
+
+/// A point's byte term is its transaction's CPU less that of a transaction
+/// with the small response, both carrying a full handshake. When the bytes
+/// cost less than that handshake's noise (256 KiB is ~40 µs beside a
+/// ~150 µs handshake that moves ±30 % on a shared host), the difference
+/// can come out at or below zero, which no amount of bytes costs. Such a
+/// point takes the cost per byte of the nearest bigger point that was
+/// measured above zero. Returns the replaced points' indices and measured
+/// values.
+pub fn fill_below_noise(curve: &mut [BytePoint]) -> Vec<(usize, f64)> {
+    let mut replaced = Vec::new();
+    // From the biggest down, so a run of such points takes the cost per
+    // byte of the first one above them that was measured.
+    let mut per_byte = None;
+    for i in (0..curve.len()).rev() {
+        let p = curve[i];
+        if p.ns > 0.0 && p.bytes > 0.0 {
+            per_byte = Some(p.ns / p.bytes);
+        } else if let Some(per_byte) = per_byte {
+            curve[i].ns = per_byte * p.bytes;
             replaced.push((i, p.ns));
         }
     }
@@ -547,6 +598,29 @@ mod tests {
         let mut curve = shape();
         let replaced = smooth_regime_flips(&mut curve, 0.0);
         assert!(replaced.iter().any(|r| r.0 == 1), "{replaced:?}");
+    }
+
+    #[test]
+    fn points_not_above_the_noise_take_the_next_cost_per_byte() {
+        const K: f64 = 1024.0;
+        let point = |bytes: f64, ns: f64| BytePoint { bytes, ns };
+        // 256 KiB and 1 MiB came out at or below the small transaction's
+        // cost; 16 MiB was measured at 2 ns per byte.
+        let mut curve = vec![
+            point(256.0 * K, -3_000.0),
+            point(1024.0 * K, 0.0),
+            point(16384.0 * K, 2.0 * 16384.0 * K),
+        ];
+        let replaced = fill_below_noise(&mut curve);
+        assert_eq!(replaced, vec![(1, 0.0), (0, -3_000.0)]);
+        assert_eq!(curve[0].ns, 2.0 * 256.0 * K);
+        assert_eq!(curve[1].ns, 2.0 * 1024.0 * K);
+        // A measured point is kept as it is, and nothing is made up above
+        // the last measured one.
+        let mut curve = vec![point(256.0 * K, 500_000.0), point(1024.0 * K, -1.0)];
+        assert!(fill_below_noise(&mut curve).is_empty());
+        assert_eq!(curve[0].ns, 500_000.0);
+        assert_eq!(curve[1].ns, -1.0);
     }
 
     #[test]

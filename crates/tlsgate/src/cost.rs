@@ -166,10 +166,11 @@ pub fn run(cmd: CostCommand) -> ExitCode {
                     }
                     for r in &m.replaced {
                         println!(
-                            "  replaced  {:<24} {} B measured {:.1} µs CPU, far from both neighbours (a regime flip, docs/bench.md): {:.1} µs used",
+                            "  replaced  {:<24} {} B measured {:.1} µs CPU, {}: {:.1} µs used",
                             r.curve,
                             r.bytes,
                             r.measured_ns / 1e3,
+                            r.why,
                             r.used_ns / 1e3
                         );
                     }
