@@ -237,12 +237,12 @@ fn after_handshake<'a>(
         tls_version: Some(version),
         client: tlsgate_tls::ClientIdentity::of(tls),
         // Without SNI, a request without Host goes upstream with the
-        // address the client connected to (one getsockname, only then).
+        // address the client connected to (one getsockname, only then,
+        // and only on a listener that proxies).
         proxy: tlsgate_proxy::ClientConn::new(peer, destination)
             .with_server_name(
                 tls.server_name().map(str::to_owned),
-                tls.server_name()
-                    .is_none()
+                (tls.server_name().is_none() && site.proxies)
                     .then(|| conn.socket().local_addr().ok())
                     .flatten(),
             )

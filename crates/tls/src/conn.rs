@@ -532,9 +532,19 @@ impl TlsConnection {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.sock.writable().await?,
-                Err(e) => return Err(e),
+                Err(e) => return Err(self.write_failed(e)),
             }
         }
+    }
+
+    /// A send failed (the peer reset the connection, or the socket
+    /// errs): nothing more can leave, close_notify included, so
+    /// [`close`](Self::close) will not try. Returns `e` for the caller.
+    fn write_failed(&mut self, e: io::Error) -> io::Error {
+        if e.kind() != io::ErrorKind::Interrupted {
+            self.write_closed = true;
+        }
+        e
     }
 
     /// The connection ended in a fatal alert (sent or received): its
@@ -681,7 +691,7 @@ impl TlsConnection {
                     Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                     Ok(_) => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(self.write_failed(e)),
                 }
             }
             if !data.is_empty() {
@@ -740,7 +750,7 @@ impl TlsConnection {
                 match self.sock.try_write(piece) {
                     Ok(n) => return Ok(Turn::Sent(n)),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(self.write_failed(e)),
                 }
             }
             if ready.is_readable() {
@@ -1029,7 +1039,7 @@ impl TlsConnection {
                     waited = true;
                     self.sock.writable().await?;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(self.write_failed(e)),
             }
         }
     }

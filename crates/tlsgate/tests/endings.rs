@@ -279,3 +279,75 @@ time.sleep(4)
         s.metrics_when(|t| t.contains("tlsgate_connections_open 0\n"));
     }
 }
+
+/// A client that resets its connection right after the handshake (as
+/// `openssl s_time` does) makes the server's next write fail; nothing more
+/// is tried on that socket, close_notify included. And a listener that
+/// serves only files never asks a connection without SNI for the address
+/// it reached (`getsockname`: only a proxied, Host-less request needs it).
+/// Both were a system call per connection under `s_time`.
+#[test]
+fn a_reset_connection_gets_no_more_writes_and_a_file_site_asks_no_socket_name() {
+    let fx = Fixture::new();
+    let s = Server::start(&fx, &fx.config("", ""));
+    let connections = 16;
+    let calls = traced_calls(
+        &fx,
+        &["trace=writev,sendmsg,sendto,write,getsockname,close"],
+        s.pid(),
+        || {
+            for _ in 0..connections {
+                // By address: no SNI.
+                let c = tls_connect_with(
+                    s.addr,
+                    "127.0.0.1",
+                    client_config(&[&rustls::version::TLS13]),
+                )
+                .unwrap();
+                socket2::SockRef::from(&c.sock)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap();
+                drop(c);
+            }
+            // Until the server has seen every connection end.
+            s.metrics_when(|t| t.contains("tlsgate_connections_open 0\n"));
+        },
+    );
+    assert!(
+        !calls.iter().any(|l| l.contains("getsockname(")),
+        "{calls:#?}"
+    );
+    // Per descriptor, from a failed write to its close: no other write.
+    let fd_of = |l: &str| -> Option<(String, i32)> {
+        let call = l.split_whitespace().nth(1).unwrap_or(l);
+        let (name, rest) = call.split_once('(')?;
+        let fd = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()?;
+        Some((name.to_string(), fd))
+    };
+    let mut failed: std::collections::HashMap<i32, String> = Default::default();
+    let mut failures = 0;
+    for line in &calls {
+        let Some((name, fd)) = fd_of(line) else {
+            continue;
+        };
+        if name == "close" {
+            failed.remove(&fd);
+            continue;
+        }
+        if let Some(first) = failed.get(&fd) {
+            panic!("wrote again after a failed write on fd {fd}:\n{first}\n{line}");
+        }
+        if line.contains("= -1 E") && !line.contains("EAGAIN") {
+            failures += 1;
+            failed.insert(fd, line.clone());
+        }
+    }
+    assert!(
+        failures > 0,
+        "no write failed on a reset connection, so this proved nothing: {calls:#?}"
+    );
+}

@@ -35,7 +35,7 @@ impl TlsConnection {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     ready!(self.sock.poll_write_ready(cx))?;
                 }
-                Err(e) => return Poll::Ready(Err(e)),
+                Err(e) => return Poll::Ready(Err(self.write_failed(e))),
             }
         }
     }
