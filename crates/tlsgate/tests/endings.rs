@@ -285,7 +285,8 @@ time.sleep(4)
 /// is tried on that socket, close_notify included. And a listener that
 /// serves only files never asks a connection without SNI for the address
 /// it reached (`getsockname`: only a proxied, Host-less request needs it).
-/// Both were a system call per connection under `s_time`.
+/// Both were a system call per connection under `s_time`. Over HTTP/1.1
+/// and HTTP/2.
 #[test]
 fn a_reset_connection_gets_no_more_writes_and_a_file_site_asks_no_socket_name() {
     let fx = Fixture::new();
@@ -296,14 +297,14 @@ fn a_reset_connection_gets_no_more_writes_and_a_file_site_asks_no_socket_name() 
         &["trace=writev,sendmsg,sendto,write,getsockname,close"],
         s.pid(),
         || {
-            for _ in 0..connections {
-                // By address: no SNI.
-                let c = tls_connect_with(
-                    s.addr,
-                    "127.0.0.1",
-                    client_config(&[&rustls::version::TLS13]),
-                )
-                .unwrap();
+            for i in 0..connections {
+                // By address: no SNI; every other one over HTTP/2, whose
+                // connection loop sends and shuts down on its own path.
+                let protocol: &[u8] = if i % 2 == 1 { b"h2" } else { b"http/1.1" };
+                let mut config = client_config(&[&rustls::version::TLS13]);
+                config.alpn_protocols = vec![protocol.to_vec()];
+                let c = tls_connect_with(s.addr, "127.0.0.1", config).unwrap();
+                assert_eq!(c.conn.alpn_protocol(), Some(protocol));
                 socket2::SockRef::from(&c.sock)
                     .set_linger(Some(Duration::ZERO))
                     .unwrap();
