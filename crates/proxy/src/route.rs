@@ -82,6 +82,13 @@ impl<R> Router<R> {
         })
     }
 
+    /// Whether a route leads to an upstream pool.
+    pub fn has_pools(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| matches!(e.target, Target::Pool(_)))
+    }
+
     /// Whether the listener has no routes.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
@@ -208,6 +215,8 @@ mod tests {
             route(Some("*.example.com"), None, "/api", "wild-api"),
             route(None, Some("b.example.com"), "/b", "sni-b"),
         ]);
+        // Roots only (a pool's route: tests/proxy.rs).
+        assert!(!r.has_pools());
         assert_eq!(
             find(&r, "x.test", None, "/index.html").as_deref(),
             Some("any")

@@ -242,7 +242,7 @@ fn after_handshake<'a>(
         proxy: tlsgate_proxy::ClientConn::new(peer, destination)
             .with_server_name(
                 tls.server_name().map(str::to_owned),
-                (tls.server_name().is_none() && site.proxies)
+                (tls.server_name().is_none() && site.routes.has_pools())
                     .then(|| conn.socket().local_addr().ok())
                     .flatten(),
             )

@@ -22,9 +22,6 @@ pub struct Site {
     /// A route goes to a pool that sends PROXY protocol headers, which
     /// name the address each client connected to.
     pub sends_proxy_protocol: bool,
-    /// A route goes to a pool: only then can a request need the address
-    /// the client connected to (for a Host-less request without SNI).
-    pub proxies: bool,
 }
 
 /// The running configuration and what was built from it.
@@ -126,16 +123,11 @@ pub fn build(
                 .is_some_and(|u| u.proxy_protocol.is_some()),
             RouteTarget::Root(_) => false,
         });
-        let proxies = l
-            .routes
-            .iter()
-            .any(|r| matches!(r.target, RouteTarget::Upstream(_)));
         sites.push(Site {
             tls,
             root,
             routes,
             sends_proxy_protocol,
-            proxies,
         });
     }
     Ok(Generation {
