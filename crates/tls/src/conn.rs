@@ -392,6 +392,18 @@ enum Layer {
     Gone,
 }
 
+/// Whether epoll already reported `sock` gone both ways (a reset, or
+/// both sides shut): nothing written now can reach the peer. Reads the
+/// readiness tokio last took from epoll, without a system call.
+fn peer_unreachable(sock: &TcpStream) -> bool {
+    let ready = std::pin::pin!(sock.ready(Interest::WRITABLE));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(
+        std::future::Future::poll(ready, &mut cx),
+        std::task::Poll::Ready(Ok(r)) if r.is_write_closed()
+    )
+}
+
 fn gone() -> io::Error {
     io::Error::new(
         io::ErrorKind::NotConnected,
@@ -462,6 +474,8 @@ impl TlsConnection {
                     self.process_retried_hello().await?
                 } else {
                     let _ticketed = ticketed.then(crate::session_cache::TicketedSession::enter);
+                    let _gone = peer_unreachable(&self.sock)
+                        .then(crate::session_cache::UnreachablePeer::enter);
                     tls.process_new_packets().map(|_| ())
                 };
             let Layer::User(tls) = &mut self.layer else {
@@ -1065,6 +1079,10 @@ impl TlsConnection {
             return Ok(());
         }
         self.write_closed = true;
+        if peer_unreachable(&self.sock) {
+            // The reset is known: a write would only fail.
+            return Ok(());
+        }
         match &mut self.layer {
             Layer::User(tls) => {
                 tls.send_close_notify();

@@ -25,6 +25,35 @@ thread_local! {
     /// Set while rustls processes records of a connection whose
     /// ServerHello announced a ticket.
     static TICKETED: Cell<bool> = const { Cell::new(false) };
+    /// Set while rustls processes records of a connection that epoll
+    /// already reported reset: no session is kept or ticket sealed for it.
+    static PEER_GONE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the records processed while it lives as those of a connection
+/// whose peer can no longer receive anything (a reset seen with its
+/// last flight, as from `openssl s_time`, scanners and TLS health
+/// checks): neither this cache nor the ticket keys take its session,
+/// which nobody could resume, and rustls sends no ticket, which could
+/// not arrive (a sealed ticket and a write into a reset socket saved).
+pub(crate) struct UnreachablePeer(());
+
+impl UnreachablePeer {
+    pub(crate) fn enter() -> Self {
+        PEER_GONE.with(|t| t.set(true));
+        Self(())
+    }
+
+    /// Whether the records being processed are such a connection's.
+    pub(crate) fn now() -> bool {
+        PEER_GONE.with(Cell::get)
+    }
+}
+
+impl Drop for UnreachablePeer {
+    fn drop(&mut self) {
+        PEER_GONE.with(|t| t.set(false));
+    }
 }
 
 /// Marks the records processed while it lives as a ticketed session's:
@@ -88,7 +117,7 @@ impl fmt::Debug for SessionIdCache {
 
 impl StoresServerSessions for SessionIdCache {
     fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        if TICKETED.with(Cell::get) {
+        if TICKETED.with(Cell::get) || UnreachablePeer::now() {
             return false;
         }
         let mut stamped = Vec::with_capacity(STAMP + value.len());
@@ -133,6 +162,19 @@ mod tests {
         assert_eq!(cache.get(&[2]), Some(vec![20]));
         assert_eq!(cache.take(&[2]), Some(vec![20]));
         assert_eq!(cache.get(&[2]), None);
+    }
+
+    #[test]
+    fn an_unreachable_peers_session_is_not_kept() {
+        let cache = SessionIdCache::new(4, Duration::from_secs(60));
+        {
+            let _gone = UnreachablePeer::enter();
+            assert!(UnreachablePeer::now());
+            assert!(!cache.put(vec![1], vec![10]));
+        }
+        assert!(!UnreachablePeer::now());
+        assert_eq!(cache.get(&[1]), None);
+        assert!(cache.put(vec![2], vec![20]));
     }
 
     #[test]

@@ -280,18 +280,25 @@ time.sleep(4)
     }
 }
 
-/// A client that resets its connection right after the handshake (as
-/// `openssl s_time` does) makes the server's next write fail; nothing more
-/// is tried on that socket, close_notify included. And a listener that
-/// serves only files never asks a connection without SNI for the address
-/// it reached (`getsockname`: only a proxied, Host-less request needs it).
-/// Both were a system call per connection under `s_time`. Over HTTP/1.1
+/// A connection reset while the server writes to it (a client that asks
+/// for a big file and goes) makes a write fail; nothing more is tried on
+/// that socket, close_notify included. A client that resets right after
+/// its Finished (as `openssl s_time`, scanners and TLS health checks do)
+/// and whose reset the server has seen when it reads that Finished gets
+/// no session tickets: none is sealed (`tlsgate_tickets_issued_total`),
+/// none written into the dead socket. And a listener that serves only
+/// files never asks a connection without SNI for the address it reached
+/// (`getsockname`: only a proxied, Host-less request needs it). Each was
+/// a system call or more per connection under `s_time`. Over HTTP/1.1
 /// and HTTP/2.
 #[test]
 fn a_reset_connection_gets_no_more_writes_and_a_file_site_asks_no_socket_name() {
     let fx = Fixture::new();
     let s = Server::start(&fx, &fx.config("", ""));
     let connections = 16;
+    // Each TLS 1.3 handshake that is not skipped issues this many.
+    let per_handshake = 2.0;
+    let mut tickets = 0.0;
     let calls = traced_calls(
         &fx,
         &["trace=writev,sendmsg,sendto,write,getsockname,close"],
@@ -312,7 +319,46 @@ fn a_reset_connection_gets_no_more_writes_and_a_file_site_asks_no_socket_name() 
             }
             // Until the server has seen every connection end.
             s.metrics_when(|t| t.contains("tlsgate_connections_open 0\n"));
+            tickets = s.metric("tlsgate_tickets_issued_total");
+            // Reset in the middle of a body the socket cannot hold (a
+            // 4 KiB receive buffer against 1 MiB): a write fails.
+            for _ in 0..4 {
+                let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                sock.set_recv_buffer_size(4096).unwrap();
+                sock.connect(&s.addr.into()).unwrap();
+                let sock: TcpStream = sock.into();
+                sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let conn = ClientConnection::new(
+                    Arc::new(client_config(&[&rustls::version::TLS13])),
+                    ServerName::try_from("127.0.0.1").unwrap(),
+                )
+                .unwrap();
+                let mut c = rustls::StreamOwned::new(conn, sock);
+                c.write_all(b"GET /big.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                    .unwrap();
+                let mut head = [0u8; 64];
+                c.read_exact(&mut head).unwrap();
+                assert!(head.starts_with(b"HTTP/1.1 200"), "{head:?}");
+                socket2::SockRef::from(&c.sock)
+                    .set_linger(Some(Duration::ZERO))
+                    .unwrap();
+                drop(c);
+            }
+            s.metrics_when(|t| t.contains("tlsgate_connections_open 0\n"));
         },
+    );
+    // Under strace the server reads a Finished well after the reset behind
+    // it has come: most of them, and always some, get no tickets.
+    assert!(
+        tickets < per_handshake * f64::from(connections),
+        "every connection reset after its handshake was issued tickets: {tickets}"
+    );
+    // Those alive at their Finished (they sent a request with it) do.
+    let live = s.metric("tlsgate_tickets_issued_total") - tickets;
+    assert!(
+        live >= per_handshake * 4.0,
+        "tickets issued to live connections: {live}"
     );
     assert!(
         !calls.iter().any(|l| l.contains("getsockname(")),

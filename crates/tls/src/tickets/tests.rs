@@ -112,6 +112,20 @@ fn roundtrip_through_the_rustls_interface() {
 }
 
 #[test]
+fn no_ticket_is_sealed_for_an_unreachable_peer() {
+    let hand = Hand::at(1_000_000);
+    let (keys, counts) = memory(3600, 3600, &hand);
+    let t = keys.for_listener("listener[0]");
+    {
+        let _gone = crate::session_cache::UnreachablePeer::enter();
+        assert!(t.encrypt(STATE).is_none());
+    }
+    assert_eq!(n(&counts.issued), 0);
+    assert!(t.encrypt(STATE).is_some());
+    assert_eq!(n(&counts.issued), 1);
+}
+
+#[test]
 fn another_key_or_listener_cannot_open() {
     let hand = Hand::at(1_000_000);
     let (a, _) = memory(3600, 3600, &hand);
