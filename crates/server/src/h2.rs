@@ -58,6 +58,16 @@ const DRAIN_ACK_WAIT: Duration = Duration::from_secs(5);
 /// DATA payload that fills a TLS record (2^14 bytes of plaintext) with
 /// its frame header.
 const FRAME_IN_RECORD: usize = 16_384 - 9;
+/// h2's send buffer per stream (`http2.max_send_buffer_size`) in whole
+/// [`FRAME_IN_RECORD`] frames. A stream's room is that buffer less what
+/// it has buffered, and h2 frees it a frame at a time: with 65,536 bytes,
+/// each 65,500-byte read (four frames) left room for 36 more, read,
+/// framed and encrypted as a record of their own after every chunk.
+fn stream_send_buffer(h2c: &tlsgate_config::Http2) -> usize {
+    let configured = h2c.max_send_buffer_size as usize;
+    (configured - configured % FRAME_IN_RECORD).max(FRAME_IN_RECORD)
+}
+
 /// How long a connection cut off keeps draining the client's bytes.
 const LINGER: Duration = Duration::from_secs(2);
 
@@ -96,7 +106,7 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
         .initial_connection_window_size(h2c.initial_connection_window_size)
         .max_frame_size(h2c.max_frame_size)
         .max_header_list_size(h2c.max_header_list_size)
-        .max_send_buffer_size(h2c.max_send_buffer_size as usize)
+        .max_send_buffer_size(stream_send_buffer(h2c))
         .max_pending_accept_reset_streams(h2c.max_pending_accept_reset_streams)
         .max_local_error_reset_streams(Some(h2c.max_local_error_reset_streams));
     let mut connection = match tokio::time::timeout(
@@ -747,7 +757,7 @@ async fn send_file(
     let mut progress = SendProgress::new(cx.gen.config.limits.send_timeout);
     // Reads of whole records' worth of frames, within what the budgets
     // allow one read.
-    let buffer = (cx.gen.config.http2.max_send_buffer_size as usize).min(budget.max_read());
+    let buffer = stream_send_buffer(&cx.gen.config.http2).min(budget.max_read());
     let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
     let mut done: u64 = 0;
     while done < len {

@@ -446,6 +446,49 @@ fn rustls_h2_client_with_100_concurrent_streams_on_one_connection() {
     s.expect_metric_line("tlsgate_h2_streams_open 0\n");
 }
 
+/// A big body leaves in DATA frames that each fill a TLS record with
+/// their header (16,375 bytes), all but the last, when the client's
+/// windows leave room: no frame cut short by the server's own buffer
+/// arithmetic (it sent a 36-byte frame, a record of its own, after every
+/// four whole ones).
+#[test]
+fn a_big_body_goes_in_frames_that_fill_records() {
+    let f = Fixture::new();
+    let s = Server::start(&f, &config(&f, "[access_log]\ntarget = \"off\"", ""));
+    let big = f.big.clone();
+    let sizes = rt().block_on(async {
+        let tls = connect_h2(s.addr).await;
+        let (client, conn) = h2::client::Builder::new()
+            .initial_window_size(16 << 20)
+            .initial_connection_window_size(64 << 20)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut client = client.ready().await.unwrap();
+        let req = http::Request::get("https://localhost/big.bin")
+            .body(())
+            .unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let mut body = resp.await.unwrap().into_body();
+        let (mut data, mut sizes) = (Vec::new(), Vec::new());
+        // h2 hands over each DATA frame's payload as one chunk.
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+            sizes.push(chunk.len());
+            data.extend_from_slice(&chunk);
+        }
+        assert!(data == big, "the 1 MiB body differs");
+        sizes
+    });
+    let (last, whole) = sizes.split_last().unwrap();
+    assert!(
+        whole.iter().all(|&n| n == 16_375) && *last <= 16_375,
+        "DATA frames not of a record's size: {sizes:?}"
+    );
+}
+
 #[test]
 fn h2load_with_100_concurrent_streams() {
     let f = Fixture::new();
