@@ -64,8 +64,12 @@ const FRAME_IN_RECORD: usize = 16_384 - 9;
 /// each 65,500-byte read (four frames) left room for 36 more, read,
 /// framed and encrypted as a record of their own after every chunk.
 fn stream_send_buffer(h2c: &tlsgate_config::Http2) -> usize {
-    let configured = h2c.max_send_buffer_size as usize;
-    (configured - configured % FRAME_IN_RECORD).max(FRAME_IN_RECORD)
+    whole_frames(h2c.max_send_buffer_size as usize)
+}
+
+/// `n` rounded down to whole [`FRAME_IN_RECORD`] frames, one at least.
+fn whole_frames(n: usize) -> usize {
+    (n - n % FRAME_IN_RECORD).max(FRAME_IN_RECORD)
 }
 
 /// How long a connection cut off keeps draining the client's bytes.
@@ -757,8 +761,7 @@ async fn send_file(
     let mut progress = SendProgress::new(cx.gen.config.limits.send_timeout);
     // Reads of whole records' worth of frames, within what the budgets
     // allow one read.
-    let buffer = stream_send_buffer(&cx.gen.config.http2).min(budget.max_read());
-    let chunk = (buffer - buffer % FRAME_IN_RECORD).max(FRAME_IN_RECORD);
+    let chunk = whole_frames(stream_send_buffer(&cx.gen.config.http2).min(budget.max_read()));
     let mut done: u64 = 0;
     while done < len {
         let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));

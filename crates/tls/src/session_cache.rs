@@ -17,6 +17,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
+use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 use rustls::server::{ServerSessionMemoryCache, StoresServerSessions};
@@ -30,18 +31,34 @@ thread_local! {
     static PEER_GONE: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Marks the records processed while it lives as those of a connection
-/// whose peer can no longer receive anything (a reset seen with its
-/// last flight, as from `openssl s_time`, scanners and TLS health
-/// checks): neither this cache nor the ticket keys take its session,
-/// which nobody could resume, and rustls sends no ticket, which could
-/// not arrive (a sealed ticket and a write into a reset socket saved).
-pub(crate) struct UnreachablePeer(());
+/// A thread's mark on the records rustls processes while it lives.
+/// rustls processes records synchronously, so nothing else runs on this
+/// thread meanwhile.
+pub(crate) struct Mark(&'static LocalKey<Cell<bool>>);
+
+impl Mark {
+    fn enter(key: &'static LocalKey<Cell<bool>>) -> Self {
+        key.with(|t| t.set(true));
+        Self(key)
+    }
+}
+
+impl Drop for Mark {
+    fn drop(&mut self) {
+        self.0.with(|t| t.set(false));
+    }
+}
+
+/// The records of a connection whose peer can no longer receive anything
+/// (a reset seen with its last flight, as from `openssl s_time`, scanners
+/// and TLS health checks): neither this cache nor the ticket keys take its
+/// session, which nobody could resume, and rustls sends no ticket, which
+/// could not arrive (a sealed ticket and a write into a reset socket saved).
+pub(crate) struct UnreachablePeer;
 
 impl UnreachablePeer {
-    pub(crate) fn enter() -> Self {
-        PEER_GONE.with(|t| t.set(true));
-        Self(())
+    pub(crate) fn enter() -> Mark {
+        Mark::enter(&PEER_GONE)
     }
 
     /// Whether the records being processed are such a connection's.
@@ -50,27 +67,12 @@ impl UnreachablePeer {
     }
 }
 
-impl Drop for UnreachablePeer {
-    fn drop(&mut self) {
-        PEER_GONE.with(|t| t.set(false));
-    }
-}
-
-/// Marks the records processed while it lives as a ticketed session's:
-/// the cache takes no session from them. rustls processes records
-/// synchronously, so nothing else runs on this thread meanwhile.
-pub(crate) struct TicketedSession(());
+/// The records of a ticketed session: the cache takes no session from them.
+pub(crate) struct TicketedSession;
 
 impl TicketedSession {
-    pub(crate) fn enter() -> Self {
-        TICKETED.with(|t| t.set(true));
-        Self(())
-    }
-}
-
-impl Drop for TicketedSession {
-    fn drop(&mut self) {
-        TICKETED.with(|t| t.set(false));
+    pub(crate) fn enter() -> Mark {
+        Mark::enter(&TICKETED)
     }
 }
 
