@@ -16,8 +16,9 @@
 //! one write.
 //!
 //! A worker thread of the network-facing process can open a lane: a
-//! socket pair whose one end it sends along with a `lane` request. A lane
-//! is served by a thread of its own here, and the worker writes its
+//! socket pair whose one end it sends along with a `lane` request, or
+//! two pipes (requests in, answers out) whose far ends it sends along with
+//! a `pipe_lane` request. A lane is served by a thread of its own here, and the worker writes its
 //! request and reads the answer itself: two wake-ups per signature (this
 //! process, then the worker), where the shared connection needs a third
 //! (its reader thread, which hands the answer over).
@@ -499,10 +500,23 @@ pub fn serve(
                     let fd = (!fds.is_empty()).then(|| fds.remove(0));
                     match fd {
                         Some(fd) if tlsgate_sys::ipc::is_unix_packet(&fd) => {
-                            open_lane(UnixStream::from(fd), &keys.by_id, &lanes);
+                            open_lane(LaneEnds::Socket(UnixStream::from(fd)), &keys.by_id, &lanes);
                             continue;
                         }
                         _ => (id, Response::Failed(Failure::BadRequest)),
+                    }
+                }
+                Ok((id, Request::PipeLane)) => {
+                    // Its two pipe ends, in order, are the oldest not yet
+                    // taken; anything but a read end and a write end is
+                    // refused (and closed).
+                    let ends: Vec<OwnedFd> = fds.drain(..fds.len().min(2)).collect();
+                    match LaneEnds::pipes(ends) {
+                        Some(lane) => {
+                            open_lane(lane, &keys.by_id, &lanes);
+                            continue;
+                        }
+                        None => (id, Response::Failed(Failure::BadRequest)),
                     }
                 }
                 Err(e) => {
@@ -534,10 +548,48 @@ impl Read for FdReader<'_> {
     }
 }
 
-/// Serves `sock` as a lane on a thread of its own, if under [`MAX_LANES`];
+/// What a lane is read from and written to.
+enum LaneEnds {
+    /// A sequenced-packet socket, both ways.
+    Socket(UnixStream),
+    /// Requests from one pipe, answers into another.
+    Pipes {
+        requests: std::fs::File,
+        answers: tlsgate_sys::ipc::TimedPipeWriter,
+    },
+}
+
+impl LaneEnds {
+    /// `ends` as a pipe lane: a read end then a write end, else `None`.
+    fn pipes(ends: Vec<OwnedFd>) -> Option<LaneEnds> {
+        use tlsgate_sys::ipc::{is_pipe_end, PipeEnd, TimedPipeWriter};
+        let [requests, answers]: [OwnedFd; 2] = ends.try_into().ok()?;
+        if !is_pipe_end(&requests, PipeEnd::Read) || !is_pipe_end(&answers, PipeEnd::Write) {
+            return None;
+        }
+        let answers = TimedPipeWriter::new(answers, WRITE_TIMEOUT).ok()?;
+        Some(LaneEnds::Pipes {
+            requests: std::fs::File::from(requests),
+            answers,
+        })
+    }
+
+    /// Serves the lane until it closes (see [`serve_lane`]).
+    fn serve(self, keys: &KeyMap) -> io::Result<()> {
+        match self {
+            LaneEnds::Socket(sock) => {
+                sock.set_write_timeout(Some(WRITE_TIMEOUT))?;
+                serve_lane(&sock, &sock, keys)
+            }
+            LaneEnds::Pipes { requests, answers } => serve_lane(requests, answers, keys),
+        }
+    }
+}
+
+/// Serves `lane` on a thread of its own, if under [`MAX_LANES`];
 /// dropping it otherwise closes it (its worker then uses the shared
 /// connection).
-fn open_lane(sock: UnixStream, keys: &KeyMap, lanes: &Arc<AtomicUsize>) {
+fn open_lane(lane: LaneEnds, keys: &KeyMap, lanes: &Arc<AtomicUsize>) {
     if lanes.fetch_add(1, Ordering::SeqCst) >= MAX_LANES {
         lanes.fetch_sub(1, Ordering::SeqCst);
         tracing::warn!("key server: more than {MAX_LANES} lanes; one refused");
@@ -547,7 +599,7 @@ fn open_lane(sock: UnixStream, keys: &KeyMap, lanes: &Arc<AtomicUsize>) {
     let spawned = std::thread::Builder::new()
         .name("key-lane".into())
         .spawn(move || {
-            if let Err(e) = serve_lane(sock, &keys) {
+            if let Err(e) = lane.serve(&keys) {
                 tracing::debug!("key server: lane closed: {e}");
             }
             count.fetch_sub(1, Ordering::SeqCst);
@@ -572,13 +624,13 @@ fn lane_answer(keys: &KeyMap, req: &Request) -> Response {
 
 /// Answers the signature requests of one lane until it closes. A lane
 /// only signs: anything else is refused (`load` belongs to the shared
-/// connection), and an out-of-bounds length ends the lane.
-fn serve_lane(mut sock: UnixStream, keys: &KeyMap) -> io::Result<()> {
-    sock.set_write_timeout(Some(WRITE_TIMEOUT))?;
+/// connection), and an out-of-bounds length ends the lane. Each read's
+/// answers go in one write, bounded by [`WRITE_TIMEOUT`].
+fn serve_lane(mut requests: impl Read, mut answers: impl Write, keys: &KeyMap) -> io::Result<()> {
     let mut input = Deframer::new(proto::MAX_REQUEST);
     let mut out = Vec::with_capacity(1024);
     loop {
-        if input.read_from(&mut sock)? == 0 {
+        if input.read_from(&mut requests)? == 0 {
             return Ok(());
         }
         out.clear();
@@ -596,7 +648,7 @@ fn serve_lane(mut sock: UnixStream, keys: &KeyMap) -> io::Result<()> {
             proto::encode_response(&mut out, id, &resp);
         }
         if !out.is_empty() {
-            sock.write_all(&out)?;
+            answers.write_all(&out)?;
         }
     }
 }
@@ -608,7 +660,7 @@ mod tests {
     use std::io::Read;
     use std::path::Path;
 
-    fn answers(sock: &mut UnixStream, n: usize) -> Vec<(u64, Response)> {
+    fn answers(sock: &mut impl Read, n: usize) -> Vec<(u64, Response)> {
         let mut d = Deframer::new(proto::MAX_RESPONSE);
         let mut out = Vec::new();
         while out.len() < n {
@@ -618,6 +670,23 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Over a lane, `sign` (as request `id`) is signed and a load (`id + 1`) refused.
+    fn lane_signs_and_refuses_a_load(
+        to: &mut impl Write,
+        from: &mut impl Read,
+        sign: &Request,
+        id: u64,
+    ) {
+        let mut buf = Vec::new();
+        proto::encode_request(&mut buf, id, sign);
+        proto::encode_request(&mut buf, id + 1, &Request::Load { keep: vec![] });
+        to.write_all(&buf).unwrap();
+        let got = answers(from, 2);
+        assert_eq!(got[0].0, id);
+        assert!(matches!(&got[0].1, Response::Signature(s) if s.len() > 60));
+        assert_eq!(got[1], (id + 1, Response::Failed(Failure::BadRequest)));
     }
 
     /// What a TLS 1.3 server signs, over a SHA-256 transcript hash.
@@ -911,14 +980,7 @@ mod tests {
         proto::encode_request(&mut frame, 0, &Request::Lane);
         tlsgate_sys::ipc::send_with_fd(&ours, &frame, &theirs).unwrap();
         drop(theirs);
-        let mut buf = Vec::new();
-        proto::encode_request(&mut buf, 30, &sign(id));
-        proto::encode_request(&mut buf, 31, &Request::Load { keep: vec![] });
-        lane.write_all(&buf).unwrap();
-        let got = answers(&mut lane, 2);
-        assert_eq!(got[0].0, 30);
-        assert!(matches!(&got[0].1, Response::Signature(s) if s.len() > 60));
-        assert_eq!(got[1], (31, Response::Failed(Failure::BadRequest)));
+        lane_signs_and_refuses_a_load(&mut lane.try_clone().unwrap(), &mut lane, &sign(id), 30);
         let mut buf = Vec::new();
         proto::encode_request(&mut buf, 32, &Request::Lane);
         ours.write_all(&buf).unwrap();
@@ -938,6 +1000,49 @@ mod tests {
             &answers(&mut ours, 1)[0],
             (33, Response::Signature(_))
         ));
+
+        // A pipe lane: requests through one pipe, answers through the
+        // other. Ends the wrong way round, or one alone, are refused.
+        use std::os::fd::AsFd;
+        let (requests_read, requests_write) = tlsgate_sys::ipc::pipe().unwrap();
+        let (answers_read, answers_write) = tlsgate_sys::ipc::pipe().unwrap();
+        let pipe_lane = |id| {
+            let mut frame = Vec::new();
+            proto::encode_request(&mut frame, id, &Request::PipeLane);
+            frame
+        };
+        tlsgate_sys::ipc::send_with_fds(
+            &ours,
+            &pipe_lane(34),
+            &[requests_write.as_fd(), answers_read.as_fd()],
+        )
+        .unwrap();
+        assert_eq!(
+            answers(&mut ours, 1),
+            vec![(34, Response::Failed(Failure::BadRequest))]
+        );
+        tlsgate_sys::ipc::send_with_fds(&ours, &pipe_lane(35), &[requests_read.as_fd()]).unwrap();
+        assert_eq!(
+            answers(&mut ours, 1),
+            vec![(35, Response::Failed(Failure::BadRequest))]
+        );
+        tlsgate_sys::ipc::send_with_fds(
+            &ours,
+            &pipe_lane(0),
+            &[requests_read.as_fd(), answers_write.as_fd()],
+        )
+        .unwrap();
+        drop((requests_read, answers_write));
+        let (mut to_lane, mut from_lane) = (
+            std::fs::File::from(requests_write),
+            std::fs::File::from(answers_read),
+        );
+        lane_signs_and_refuses_a_load(&mut to_lane, &mut from_lane, &sign(id), 36);
+        // The worker's end closes: the lane ends, and its answers with it.
+        drop(to_lane);
+        let mut rest = Vec::new();
+        from_lane.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
 
         // A length over the bound: the stream is untrustworthy, the server ends.
         ours.write_all(&u32::MAX.to_be_bytes()).unwrap();

@@ -3,8 +3,9 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -86,10 +87,24 @@ pub fn recv_fd(sock: &UnixStream) -> io::Result<Option<OwnedFd>> {
 /// byte (`SCM_RIGHTS`): a framed message that carries a descriptor, read
 /// on the other side by [`recv_with_fds`].
 pub fn send_with_fd(sock: &UnixStream, data: &[u8], fd: impl AsFd) -> io::Result<()> {
-    let fds = [fd.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    send_with_fds(sock, data, &[fd.as_fd()])
+}
+
+/// Most descriptors [`send_with_fds`] sends with one message.
+pub const MAX_FDS_PER_SEND: usize = 2;
+
+/// [`send_with_fd`] with up to [`MAX_FDS_PER_SEND`] descriptors, which
+/// arrive in this order.
+pub fn send_with_fds(sock: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.len() > MAX_FDS_PER_SEND {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for one message",
+        ));
+    }
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_SEND))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::other("control buffer too small"));
     }
     let sent = rustix::net::sendmsg(
@@ -142,6 +157,94 @@ pub fn is_unix_packet(fd: impl AsFd) -> bool {
     let unix = rustix::net::getsockname(fd)
         .is_ok_and(|a| a.address_family() == rustix::net::AddressFamily::UNIX);
     packet && unix
+}
+
+/// A pipe's two ends, both close-on-exec: `(read, write)`.
+///
+/// Why pipes for a lane's hot path: a round trip of a small request and
+/// its answer between two processes on one core cost 14.5 µs over a
+/// sequenced-packet pair and 8.0 over two pipes (no socket buffer to
+/// allocate and charge per message). A write of at most [`PIPE_BUF`]
+/// bytes to a pipe is atomic, also non-blocking: all of it or `EAGAIN`.
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    Ok(rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?)
+}
+
+/// Longest write to a pipe that the kernel keeps whole (see [`pipe`]).
+pub const PIPE_BUF: usize = rustix::pipe::PIPE_BUF;
+
+/// Which end of a pipe [`is_pipe_end`] looks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PipeEnd {
+    /// Opened read-only.
+    Read,
+    /// Opened write-only.
+    Write,
+}
+
+/// Whether `fd` is a pipe (or FIFO) opened for `end` only: what a peer
+/// may hand over as one direction of a lane.
+pub fn is_pipe_end(fd: impl AsFd, end: PipeEnd) -> bool {
+    let fd = fd.as_fd();
+    let fifo = rustix::fs::fstat(fd).is_ok_and(|st| {
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Fifo
+    });
+    let want = match end {
+        PipeEnd::Read => rustix::fs::OFlags::RDONLY,
+        PipeEnd::Write => rustix::fs::OFlags::WRONLY,
+    };
+    let mode = rustix::fs::fcntl_getfl(fd).map(|f| f & rustix::fs::OFlags::RWMODE);
+    fifo && mode.is_ok_and(|m| m == want)
+}
+
+/// The write end of a pipe, non-blocking, each write bounded by `timeout`:
+/// a pipe has no `SO_SNDTIMEO`, so a full one is waited for with `poll`.
+#[derive(Debug)]
+pub struct TimedPipeWriter {
+    fd: OwnedFd,
+    timeout: Duration,
+}
+
+impl TimedPipeWriter {
+    /// Takes `fd`, a pipe's write end, and makes it non-blocking.
+    pub fn new(fd: OwnedFd, timeout: Duration) -> io::Result<TimedPipeWriter> {
+        rustix::io::ioctl_fionbio(&fd, true)?;
+        Ok(TimedPipeWriter { fd, timeout })
+    }
+}
+
+impl io::Write for TimedPipeWriter {
+    /// `TimedOut` when the pipe stayed full for the whole timeout.
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match rustix::io::write(&self.fd, buf) {
+                Ok(n) => return Ok(n),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::AGAIN) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(io::ErrorKind::TimedOut.into());
+                    }
+                    let wait = rustix::event::Timespec::try_from(left)
+                        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+                    let mut fds = [rustix::event::PollFd::new(
+                        &self.fd,
+                        rustix::event::PollFlags::OUT,
+                    )];
+                    match rustix::event::poll(&mut fds, Some(&wait)) {
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Asks the kernel to SIGKILL this process when its parent thread exits,
@@ -255,6 +358,61 @@ mod tests {
         assert!(!is_unix_packet(&file));
         drop(a);
         assert_eq!(recv_with_fds(&b, &mut [0u8; 4], &mut fds).unwrap(), 0);
+    }
+
+    #[test]
+    fn pipe_ends_are_told_apart_and_a_full_pipe_times_a_write_out() {
+        let (r, w) = pipe().unwrap();
+        assert!(is_pipe_end(&r, PipeEnd::Read));
+        assert!(!is_pipe_end(&r, PipeEnd::Write));
+        assert!(is_pipe_end(&w, PipeEnd::Write));
+        assert!(!is_pipe_end(&w, PipeEnd::Read));
+        let (sock, _) = packet_pair().unwrap();
+        assert!(!is_pipe_end(&sock, PipeEnd::Read));
+        let file = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(!is_pipe_end(&file, PipeEnd::Read));
+
+        let mut w = TimedPipeWriter::new(w, Duration::from_millis(200)).unwrap();
+        let chunk = [7u8; PIPE_BUF];
+        let t0 = Instant::now();
+        let mut written = 0usize;
+        let e = loop {
+            match w.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) => break e,
+            }
+            assert!(written <= 16 << 20, "a pipe that never fills");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        let waited = t0.elapsed();
+        assert!(waited >= Duration::from_millis(200), "{waited:?}");
+        assert!(waited < Duration::from_secs(5), "{waited:?}");
+        // Room again: the write goes on.
+        let mut r = std::fs::File::from(r);
+        let mut buf = vec![0u8; 2 * PIPE_BUF];
+        r.read_exact(&mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 7));
+        assert_eq!(w.write(&chunk).unwrap(), PIPE_BUF);
+        // No reader: EPIPE, not a signal.
+        drop(r);
+        assert_eq!(
+            w.write(&chunk).unwrap_err().kind(),
+            io::ErrorKind::BrokenPipe
+        );
+    }
+
+    #[test]
+    fn two_descriptors_cross_in_order() {
+        let (a, b) = socket_pair().unwrap();
+        let (r, w) = pipe().unwrap();
+        send_with_fds(&a, b"x", &[r.as_fd(), w.as_fd()]).unwrap();
+        let mut fds = Vec::new();
+        assert_eq!(recv_with_fds(&b, &mut [0u8; 4], &mut fds).unwrap(), 1);
+        assert_eq!(fds.len(), 2);
+        assert!(is_pipe_end(&fds[0], PipeEnd::Read));
+        assert!(is_pipe_end(&fds[1], PipeEnd::Write));
+        let three = [r.as_fd(), w.as_fd(), r.as_fd()];
+        assert!(send_with_fds(&a, b"x", &three).is_err());
     }
 
     #[test]

@@ -304,6 +304,25 @@ fn tls12_and_tls13_handshakes_with_ecdsa_and_rsa_sign_in_the_key_process() {
         threads.iter().any(|t| t == "key-lane"),
         "no lane thread in the key server: {threads:?}"
     );
+    // The handshakes' lanes are pipes: the network process and the key
+    // server share two (the requests' and the answers') besides the
+    // standard streams they may inherit.
+    let pipes = |pid: u32| -> std::collections::HashSet<String> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| !["0", "1", "2"].contains(&n))
+            })
+            .filter_map(|e| std::fs::read_link(e.path()).ok())
+            .map(|l| l.to_string_lossy().into_owned())
+            .filter(|l| l.starts_with("pipe:"))
+            .collect()
+    };
+    let shared = pipes(server.pid()).intersection(&pipes(ks)).count();
+    assert!(shared >= 2, "{shared} pipes shared with the key server");
 }
 
 #[test]
