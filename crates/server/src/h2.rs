@@ -78,10 +78,13 @@ const LINGER: Duration = Duration::from_secs(2);
 /// Serves HTTP/2 on `conn` until the client leaves, a limit or timeout
 /// ends the connection, or shutdown. Never panics on client input.
 pub(crate) async fn serve(conn: &mut TlsConnection, cx: &HttpCtx<'_>) {
-    if serve_connection(conn, cx).await == End::CutOff {
-        // The GOAWAY is on its way: what the client still sends is read
-        // and dropped for a while, so that closing does not turn into a
-        // reset that destroys the GOAWAY in the client's receive buffer.
+    let end = serve_connection(conn, cx).await;
+    if end == End::CutOff || (end == End::Drained && !conn.peer_done_sending()) {
+        // The GOAWAY, or the last frames, are on their way: what the
+        // client still sends (a WINDOW_UPDATE for the last DATA, a PING's
+        // answer) is read and dropped for a while, so that closing does
+        // not turn into a reset that destroys what is still in the
+        // client's receive buffer.
         let _ = tokio::time::timeout(CLOSE_GRACE, conn.close()).await;
         crate::transport::linger_socket(conn.socket(), LINGER).await;
     }
@@ -90,8 +93,11 @@ pub(crate) async fn serve(conn: &mut TlsConnection, cx: &HttpCtx<'_>) {
 /// How a connection's HTTP/2 loop ended.
 #[derive(PartialEq, Eq)]
 enum End {
-    /// The client left, or GOAWAY was exchanged.
+    /// The client left, or nothing more could be sent to it.
     Done,
+    /// The server sent GOAWAY (shutdown, reload, a request limit, idle)
+    /// and the connection ran down.
+    Drained,
     /// The server ended it for a limit or an error of the client's.
     CutOff,
 }
@@ -289,7 +295,12 @@ async fn serve_connection(conn: &mut TlsConnection, cx: &HttpCtx<'_>) -> End {
     .await;
     // Their frames (and a GOAWAY) may still wait in the buffer.
     let _ = tokio::time::timeout(CLOSE_GRACE, poll_fn(|cx| guard::poll_flush(&conn, cx))).await;
-    end
+    if end == End::Done && draining {
+        // The GOAWAY was ours: the client may still be sending.
+        End::Drained
+    } else {
+        end
+    }
 }
 
 /// A connection ended by the client going away is no error of theirs to count.

@@ -396,12 +396,18 @@ enum Layer {
 /// both sides shut): nothing written now can reach the peer. Reads the
 /// readiness tokio last took from epoll, without a system call.
 fn peer_unreachable(sock: &TcpStream) -> bool {
-    let ready = std::pin::pin!(sock.ready(Interest::WRITABLE));
+    last_readiness(sock, Interest::WRITABLE).is_some_and(|r| r.is_write_closed())
+}
+
+/// The readiness for `interest` that tokio last took from epoll, without
+/// a system call; `None` when it holds none.
+fn last_readiness(sock: &TcpStream, interest: Interest) -> Option<tokio::io::Ready> {
+    let ready = std::pin::pin!(sock.ready(interest));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    matches!(
-        std::future::Future::poll(ready, &mut cx),
-        std::task::Poll::Ready(Ok(r)) if r.is_write_closed()
-    )
+    match std::future::Future::poll(ready, &mut cx) {
+        std::task::Poll::Ready(Ok(r)) => Some(r),
+        _ => None,
+    }
 }
 
 fn gone() -> io::Error {
@@ -1071,6 +1077,12 @@ impl TlsConnection {
             )),
             Layer::Gone => Err(gone()),
         }
+    }
+
+    /// Whether epoll has reported the peer's FIN (or a reset): it will send
+    /// nothing more. Without a system call.
+    pub fn peer_done_sending(&self) -> bool {
+        last_readiness(&self.sock, Interest::READABLE).is_some_and(|r| r.is_read_closed())
     }
 
     /// Sends close_notify (once) and shuts the write side of the socket.

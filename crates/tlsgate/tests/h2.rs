@@ -972,6 +972,77 @@ fn trickle_is_reset(s: &Server, path: &str) {
 /// as long as it liked. Now streams opened 5 s after the GOAWAY are
 /// refused (REFUSED_STREAM), and the connection ends a send timeout (2 s
 /// here) after none is open.
+/// A connection the server ends after its own GOAWAY (here: the request
+/// limit) closes with close_notify, and reads what the client still sends
+/// for a while: a WINDOW_UPDATE the client sends for the last DATA after
+/// the server is done meets no reset, which would fail the client's next
+/// write (and, on some systems, destroy what it has not read yet).
+#[test]
+fn a_connection_ended_by_its_goaway_closes_cleanly_and_takes_the_clients_last_frames() {
+    let f = Fixture::new();
+    let s = Server::start(
+        &f,
+        &config(
+            &f,
+            "[access_log]\ntarget = \"off\"\n[limits]\nmax_requests_per_connection = 1\n",
+            "",
+        ),
+    );
+    rt().block_on(async {
+        let (mut r, mut w) = tokio::io::split(connect_h2(s.addr).await);
+        let mut first = preface(&[]);
+        first.extend(frame(frame::HEADERS, 0x5, 1, &get_block("/hello.txt")));
+        w.write_all(&first).await.unwrap();
+        w.flush().await.unwrap();
+        // Answer h2's PINGs (its graceful GOAWAY waits for one) until the
+        // server's end of the stream.
+        let (mut buf, mut chunk) = (Vec::new(), vec![0u8; 16 * 1024]);
+        let (mut data, mut goaway) = (0usize, false);
+        let end = loop {
+            while buf.len() >= 9 {
+                let len = (buf[0] as usize) << 16 | (buf[1] as usize) << 8 | buf[2] as usize;
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let (kind, flags) = (buf[3], buf[4]);
+                match kind {
+                    frame::PING if flags & 0x1 == 0 => {
+                        w.write_all(&frame(frame::PING, 0x1, 0, &buf[9..9 + len]))
+                            .await
+                            .unwrap();
+                        w.flush().await.unwrap();
+                    }
+                    frame::DATA => data += len,
+                    frame::GOAWAY => goaway = true,
+                    _ => {}
+                }
+                buf.drain(..9 + len);
+            }
+            match tokio::time::timeout(Duration::from_secs(10), r.read(&mut chunk)).await {
+                Ok(Ok(0)) => break Ok(()),
+                Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+                Ok(Err(e)) => break Err(e),
+                Err(_) => panic!("the server did not end the connection"),
+            }
+        };
+        assert_eq!(data, HELLO.len());
+        assert!(goaway);
+        // close_notify, not a bare TCP close (rustls: UnexpectedEof).
+        assert!(end.is_ok(), "the server's end: {end:?}");
+        // The client's last WINDOW_UPDATEs come after the server's end:
+        // the second write would fail had the first been met by a reset.
+        let update = frame(frame::WINDOW_UPDATE, 0, 0, &1000u32.to_be_bytes());
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let sent = async {
+                w.write_all(&update).await?;
+                w.flush().await
+            };
+            assert!(sent.await.is_ok(), "a write after the server's end failed");
+        }
+    });
+}
+
 #[test]
 fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
     const REFUSED_STREAM: u32 = 0x7;
