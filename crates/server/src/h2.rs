@@ -534,7 +534,7 @@ async fn serve_stream(
                 &method,
                 body,
                 respond,
-                (pool, max_body, proxied),
+                (pool, max_body, proxied, budget),
             ))
             .await;
             let logged = Logged {

@@ -1401,7 +1401,7 @@ const STREAMS_STATE_KIB: u64 = 768;
 /// max_connection_send_buffer`, 256 KiB by default) plus its streams'
 /// state, and a normal client is served meanwhile, at once.
 /// Waits until `tlsgate_h2_send_buffered_bytes` shows `budget` all but
-/// filled (reads are whole records' worth: 65,500 bytes of 65,536), and
+/// filled (reads are whole records' worth: 131,000 bytes of 131,072), and
 /// checks it never goes past.
 fn budget_filled(s: &Server, budget: u64) {
     let name = "tlsgate_h2_send_buffered_bytes";
@@ -1415,6 +1415,54 @@ fn budget_filled(s: &Server, budget: u64) {
         (0.99 * budget as f64..=budget as f64).contains(&held),
         "{name} {held}, budget {budget}"
     );
+}
+
+/// Proxied answers count against the send budget too: a client that asks
+/// an upstream for big answers on many streams and reads nothing makes
+/// the server hold its connection's budget of them, not each stream's
+/// whole send buffer (32 proxied streams × 128 KiB). Before, what h2 held
+/// of them was in no budget (the gauge read 0).
+#[test]
+fn proxied_answers_a_client_does_not_read_stay_within_its_send_budget() {
+    const BUDGET: u64 = 256 * 1024; // the default
+    let f = Fixture::new();
+    let up = common::upstream::Upstream::start("a", None);
+    let pools = common::upstream::pool("app", &[(up.address(), 1)], "", "");
+    let s = common::upstream::start(&f, "", &pools, &common::upstream::route("/", "app", ""));
+    rt().block_on(async {
+        let mut tls = connect_h2(s.addr).await;
+        tls.write_all(&unread_requests(32, "/len?n=4194304"))
+            .await
+            .unwrap();
+        tls.flush().await.unwrap();
+        let name = "tlsgate_h2_send_buffered_bytes";
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut most = 0.0f64;
+        while Instant::now() < deadline {
+            most = most.max(s.metric(name));
+            if most >= 0.5 * BUDGET as f64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Streams waiting for the budget hold nothing meanwhile.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        most = most.max(s.metric(name));
+        assert!(
+            (0.5 * BUDGET as f64..=BUDGET as f64).contains(&most),
+            "{name} {most}, budget {BUDGET}"
+        );
+        // Another client is served meanwhile.
+        let (code, body) = {
+            let tls = connect_h2(s.addr).await;
+            let (client, conn) = h2::client::handshake(tls).await.unwrap();
+            tokio::spawn(conn);
+            fetch(&client, "/len?n=5").await
+        };
+        assert_eq!(code, http::StatusCode::OK);
+        assert_eq!(body.len(), 5);
+        drop(tls);
+    });
 }
 
 #[test]

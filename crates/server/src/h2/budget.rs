@@ -1,4 +1,5 @@
-//! Send budgets: the memory HTTP/2 file bodies may hold while their client
+//! Send budgets: the memory HTTP/2 response bodies (files, and proxied
+//! answers as their upstream sends them) may hold while their client
 //! does not read. A file's bytes are read for a stream only once the
 //! client's flow-control windows have room for them, so what they wait
 //! for afterwards is the connection itself: h2's queue, then the TLS

@@ -22,6 +22,7 @@ use tlsgate_proxy::{
 };
 use tokio::time::{timeout_at, Instant};
 
+use super::budget::SendBudget;
 use super::{Broken, SendProgress, FRAME_IN_RECORD};
 use crate::proxy::Proxied;
 use crate::respond::HttpCtx;
@@ -45,7 +46,7 @@ pub(super) async fn serve(
     method: &Method,
     body: RecvStream,
     mut respond: SendResponse<Bytes>,
-    (pool, max_body, proxied): (&Arc<Pool>, u64, &tokio::sync::Semaphore),
+    (pool, max_body, proxied, budget): (&Arc<Pool>, u64, &tokio::sync::Semaphore, &SendBudget),
 ) -> Answered {
     let is_head = method == &Method::Head;
     let h = &parts.headers;
@@ -98,6 +99,7 @@ pub(super) async fn serve(
         respond: &respond,
         send: None,
         progress: SendProgress::new(limits.send_timeout),
+        budget,
     };
     // The stream waits for a place among its connection's proxied
     // streams (its body unread, its window not given back), or until the
@@ -342,6 +344,10 @@ struct Stream<'r> {
     /// window a byte at a time holds neither the stream nor its upstream
     /// connection.
     progress: SendProgress,
+    /// The connection's and worker's send budgets, as for files: what
+    /// h2 holds of proxied answers for a client that does not read counts
+    /// against them too.
+    budget: &'r SendBudget,
 }
 
 impl Responder for Stream<'_> {
@@ -386,7 +392,9 @@ impl Responder for Stream<'_> {
                 Err(Broken::Timeout) => return Err(SendError::Timeout),
                 Err(_) => return Err(SendError::Gone),
             };
-            let mut piece = data.split_to(granted.min(data.len()));
+            let piece = data.split_to(granted.min(data.len()));
+            let held = self.budget.take(piece.len()).await.ok_or(SendError::Gone)?;
+            let mut piece = super::budget::budgeted(piece, held);
             self.progress.sent(piece.len());
             // One DATA frame per TLS record (see `send_file`).
             while piece.len() > FRAME_IN_RECORD {
