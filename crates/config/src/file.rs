@@ -371,7 +371,7 @@ impl Default for Http2Section {
             max_frame_size: 16_384,
             max_header_list_size: 32 * 1024,
             max_header_frames: 4,
-            max_send_buffer_size: 128 * 1024,
+            max_send_buffer_size: 64 * 1024,
             max_connection_send_buffer: 256 * 1024,
             max_worker_send_buffer: 64 << 20,
             max_pending_accept_reset_streams: 20,

@@ -1401,7 +1401,7 @@ const STREAMS_STATE_KIB: u64 = 768;
 /// max_connection_send_buffer`, 256 KiB by default) plus its streams'
 /// state, and a normal client is served meanwhile, at once.
 /// Waits until `tlsgate_h2_send_buffered_bytes` shows `budget` all but
-/// filled (reads are whole records' worth: 131,000 bytes of 131,072), and
+/// filled (reads are whole records' worth: 65,500 bytes of 65,536), and
 /// checks it never goes past.
 fn budget_filled(s: &Server, budget: u64) {
     let name = "tlsgate_h2_send_buffered_bytes";
@@ -1420,7 +1420,7 @@ fn budget_filled(s: &Server, budget: u64) {
 /// Proxied answers count against the send budget too: a client that asks
 /// an upstream for big answers on many streams and reads nothing makes
 /// the server hold its connection's budget of them, not each stream's
-/// whole send buffer (32 proxied streams × 128 KiB). Before, what h2 held
+/// whole send buffer (32 proxied streams × 64 KiB). Before, what h2 held
 /// of them was in no budget (the gauge read 0).
 #[test]
 fn proxied_answers_a_client_does_not_read_stay_within_its_send_budget() {
