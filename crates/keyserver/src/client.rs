@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -231,24 +231,22 @@ impl Connection {
 }
 
 impl Connection {
-    fn lane_allowed(&self) -> io::Result<()> {
+    /// Sends `req` (a lane's opening) with `theirs`, the key server's
+    /// ends of the lane, over the shared connection.
+    fn hand_over(&self, req: &Request, theirs: &[BorrowedFd<'_>]) -> io::Result<()> {
         if lock(&self.direct).is_some() || !self.alive.load(Ordering::SeqCst) {
             return Err(io::ErrorKind::NotConnected.into());
         }
-        Ok(())
+        let mut frame = Vec::with_capacity(16);
+        proto::encode_request(&mut frame, 0, req);
+        tlsgate_sys::ipc::send_with_fds(&lock(&self.writer), &frame, theirs)
     }
 
     /// Our end of a new lane: a socket pair whose other end goes to the
     /// key server with a `lane` request.
     fn lane_socket(&self) -> io::Result<UnixStream> {
-        self.lane_allowed()?;
         let (ours, theirs) = tlsgate_sys::ipc::packet_pair()?;
-        let mut frame = Vec::with_capacity(16);
-        proto::encode_request(&mut frame, 0, &Request::Lane);
-        {
-            let writer = lock(&self.writer);
-            tlsgate_sys::ipc::send_with_fd(&writer, &frame, &theirs)?;
-        }
+        self.hand_over(&Request::Lane, &[theirs.as_fd()])?;
         Ok(ours)
     }
 
@@ -257,19 +255,10 @@ impl Connection {
     /// request and are closed here, so that each side sees the other's
     /// exit as the end of its pipe.
     fn lane_pipes(&self) -> io::Result<(OwnedFd, OwnedFd)> {
-        self.lane_allowed()?;
         let (their_requests, our_requests) = tlsgate_sys::ipc::pipe()?;
         let (our_answers, their_answers) = tlsgate_sys::ipc::pipe()?;
-        let mut frame = Vec::with_capacity(16);
-        proto::encode_request(&mut frame, 0, &Request::PipeLane);
-        {
-            let writer = lock(&self.writer);
-            tlsgate_sys::ipc::send_with_fds(
-                &writer,
-                &frame,
-                &[their_requests.as_fd(), their_answers.as_fd()],
-            )?;
-        }
+        let theirs = [their_requests.as_fd(), their_answers.as_fd()];
+        self.hand_over(&Request::PipeLane, &theirs)?;
         Ok((our_requests, our_answers))
     }
 }

@@ -16,10 +16,10 @@
 //! one write.
 //!
 //! A worker thread of the network-facing process can open a lane: a
-//! socket pair whose one end it sends along with a `lane` request, or
-//! two pipes (requests in, answers out) whose far ends it sends along with
-//! a `pipe_lane` request. A lane is served by a thread of its own here, and the worker writes its
-//! request and reads the answer itself: two wake-ups per signature (this
+//! socket pair whose one end it sends along with a `lane` request, or two
+//! pipes (requests in, answers out) whose far ends it sends along with a
+//! `pipe_lane` request. A lane is served by a thread of its own here, and
+//! the worker writes its request and reads the answer itself: two wake-ups per signature (this
 //! process, then the worker), where the shared connection needs a third
 //! (its reader thread, which hands the answer over).
 
