@@ -91,7 +91,7 @@ pub struct Round {
 }
 
 /// Busy share of `core` while `f` runs (0 without a core).
-fn on_core<T>(core: Option<usize>, f: impl FnOnce() -> T) -> (T, f64) {
+pub(crate) fn on_core<T>(core: Option<usize>, f: impl FnOnce() -> T) -> (T, f64) {
     let before = core.and_then(CoreTicks::now);
     let out = f();
     let busy = match (before, core.and_then(CoreTicks::now)) {

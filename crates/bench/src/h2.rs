@@ -7,13 +7,24 @@
 //! the same tool (`h2load --h1`, one request in flight per connection):
 //! each h2 row carries its bytes per CPU-second ÷ the same target's over
 //! HTTP/1.1, what HTTP/2 costs each server over the simpler protocol.
+//!
+//! On a two-core machine one h2load thread cannot keep a server busy with
+//! 1 MiB files: decrypting costs it about what encrypting costs the
+//! server. A run where the generator's core is saturated and the server's
+//! is not compares how each protocol paces the client, not what serving
+//! costs, so every row says how busy both were (⚠ when the generator was
+//! the limit), and 1 MiB files are also sent at one offered load below
+//! every target's capacity (`--rps`), where both protocols carry the same
+//! bytes per second and CPU per byte compares like with like.
 
 use serde::{Deserialize, Serialize};
 
-use crate::crosscheck::{run_tools, tool_command};
+use std::time::Instant;
+
+use crate::crosscheck::{on_core, run_tools, tool_command};
 use crate::error::BenchError;
 use crate::materials::{size_name, Materials};
-use crate::report::Results;
+use crate::report::{Results, CLIENT_SATURATED, SERVER_BUSY};
 use crate::scenario::BenchOptions;
 use crate::targets::{Target, TargetKind};
 
@@ -40,33 +51,106 @@ pub struct H2Row {
     /// HTTP/1.1, the median of each repeat's pair (measured seconds apart).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per_repeat_ratio_to_http1: Option<f64>,
+    /// The server's CPU over the run ÷ the run's wall time (median).
+    #[serde(default)]
+    pub server_busy: f64,
+    /// The generator core's busy share over the run (median); 0 without
+    /// a generator core.
+    #[serde(default)]
+    pub generator_busy: f64,
+    /// The generator, not the server, was the limit.
+    #[serde(default)]
+    pub generator_bound: bool,
+    /// Fixed-load rows: the requests per second offered (h2load `--rps`
+    /// per connection × connections).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offered_per_sec: Option<f64>,
 }
 
-/// A case: file size, connections, streams per connection.
+impl H2Row {
+    /// A fixed-load row whose server did not keep up with the offered
+    /// rate: it ran saturated, so it does not compare at equal load.
+    pub fn missed_offered_load(&self) -> bool {
+        self.offered_per_sec
+            .is_some_and(|offered| self.requests_per_sec < offered * OFFERED_LOAD_REACHED)
+    }
+}
+
+/// Share of a fixed load's offered rate a row must reach to count as
+/// measured at that load.
+const OFFERED_LOAD_REACHED: f64 = 0.95;
+
+/// The 1 MiB fixed load per connection, requests (MiB) per second: 400
+/// MiB/s over the case's four connections. On this machine that is about
+/// a third of what one tlsgate worker serves, three fifths of one nginx
+/// worker, and well within what one h2load thread takes in.
+const FIXED_LOAD_PER_CONNECTION: u32 = 100;
+
+/// A case: file size, connections, streams per connection, and the
+/// requests per second each connection is offered (`None`: as many as the
+/// server answers).
 struct Case {
     size: u64,
     connections: usize,
     streams: usize,
+    rps_per_connection: Option<u32>,
 }
 
-/// "requests: N total, N started, N done, N succeeded, F failed, E errored"
-/// and "finished in 3.00s" from h2load: (succeeded, failed + errored, secs).
-pub fn parse_h2load(out: &str) -> Option<(u64, u64, f64)> {
+impl Case {
+    fn offered_per_sec(&self) -> Option<f64> {
+        self.rps_per_connection
+            .map(|r| f64::from(r) * self.connections as f64)
+    }
+}
+
+/// What one h2load run reports.
+#[derive(Debug, PartialEq)]
+pub struct H2Load {
+    /// Requests that succeeded within the measurement.
+    pub succeeded: u64,
+    /// Requests that failed or errored.
+    pub failed: u64,
+    /// "finished in": the warm-up and the measurement, seconds.
+    pub finished_secs: f64,
+    /// Requests per second over the measurement alone.
+    pub per_sec: f64,
+}
+
+impl H2Load {
+    /// The measurement's own length, seconds: h2load counts requests and
+    /// their rate over it, but its "finished in" includes the warm-up.
+    pub fn measured_secs(&self) -> f64 {
+        if self.per_sec > 0.0 {
+            self.succeeded as f64 / self.per_sec
+        } else {
+            self.finished_secs
+        }
+    }
+}
+
+/// "finished in 3.00s, 971.50 req/s, …" and "requests: N total, N
+/// started, N done, N succeeded, F failed, E errored" from h2load.
+pub fn parse_h2load(out: &str) -> Option<H2Load> {
     let line = out.lines().find(|l| l.starts_with("requests:"))?;
     let num = |word: &str| -> Option<u64> {
         let at = line.find(&format!(" {word}"))?;
         line.get(..at)?.rsplit([' ', ',']).next()?.parse().ok()
     };
-    let secs = out.lines().find_map(|l| {
-        let rest = l.strip_prefix("finished in ")?;
-        let t = rest.split(',').next()?.trim();
-        if let Some(ms) = t.strip_suffix("ms") {
-            ms.parse::<f64>().ok().map(|v| v / 1000.0)
-        } else {
-            t.strip_suffix('s')?.parse().ok()
-        }
-    })?;
-    Some((num("succeeded")?, num("failed")? + num("errored")?, secs))
+    let finished = out.lines().find_map(|l| l.strip_prefix("finished in "))?;
+    let mut fields = finished.split(',').map(str::trim);
+    let t = fields.next()?;
+    let finished_secs = if let Some(ms) = t.strip_suffix("ms") {
+        ms.parse::<f64>().ok()? / 1000.0
+    } else {
+        t.strip_suffix('s')?.parse().ok()?
+    };
+    let per_sec = fields.next()?.strip_suffix(" req/s")?.parse().ok()?;
+    Some(H2Load {
+        succeeded: num("succeeded")?,
+        failed: num("failed")? + num("errored")?,
+        finished_secs,
+        per_sec,
+    })
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -84,6 +168,10 @@ struct Cell {
     rates: Vec<f64>,
     /// Server CPU µs per request, by repeat.
     cpus: Vec<f64>,
+    /// Server CPU ÷ wall time, by repeat.
+    server_busy: Vec<f64>,
+    /// The generator core's busy share, by repeat.
+    generator_busy: Vec<f64>,
     failed: u64,
     requests: u64,
 }
@@ -105,11 +193,19 @@ pub fn run(
             size: 1 << 10,
             connections: 4,
             streams: 100,
+            rps_per_connection: None,
         },
         Case {
             size: 1 << 20,
             connections: 4,
             streams: 8,
+            rps_per_connection: None,
+        },
+        Case {
+            size: 1 << 20,
+            connections: 4,
+            streams: 8,
+            rps_per_connection: Some(FIXED_LOAD_PER_CONNECTION),
         },
     ];
     let secs = opts.measure.as_secs_f64().max(1.0);
@@ -136,7 +232,7 @@ pub fn run(
             // h2 ÷ HTTP/1.1, and the peers' ratios say what h2 costs them.
             let protocols = ["h2", "http/1.1"];
             for protocol in protocols {
-                let (streams, label) = if protocol == "h2" {
+                let (streams, mut label) = if protocol == "h2" {
                     (
                         case.streams,
                         format!("{} conn × {} streams", case.connections, case.streams),
@@ -144,6 +240,9 @@ pub fn run(
                 } else {
                     (1, format!("{} conn, HTTP/1.1", case.connections))
                 };
+                if let Some(offered) = case.offered_per_sec() {
+                    label.push_str(&format!(", {offered:.0} req/s offered"));
+                }
                 cells.push(Cell {
                     target: ti,
                     case: ci,
@@ -152,6 +251,8 @@ pub fn run(
                     name: format!("{}, {label}", size_name(case.size)),
                     rates: Vec::new(),
                     cpus: Vec::new(),
+                    server_busy: Vec::new(),
+                    generator_busy: Vec::new(),
                     failed: 0,
                     requests: 0,
                 });
@@ -188,19 +289,28 @@ pub fn run(
             if cell.protocol == "http/1.1" {
                 cmd.arg("--h1");
             }
+            if let Some(rps) = case.rps_per_connection {
+                cmd.arg(format!("--rps={rps}"));
+            }
             cmd.arg(&url);
-            let (outs, cpu_ns) = run_tools(target, vec![cmd], "h2load")?;
+            let began = Instant::now();
+            let (ran, generator_busy) = on_core(client, || run_tools(target, vec![cmd], "h2load"));
+            let (outs, cpu_ns) = ran?;
+            let wall = began.elapsed().as_secs_f64();
+            cell.server_busy.push(cpu_ns as f64 / 1e9 / wall.max(1e-9));
+            cell.generator_busy.push(generator_busy);
             let out = outs.first().map(String::as_str).unwrap_or_default();
-            let (ok, bad, t) = parse_h2load(out)
+            let run = parse_h2load(out)
                 .ok_or_else(|| BenchError::Other(format!("cannot read h2load's output: {out}")))?;
-            cell.failed += bad;
-            cell.requests += ok;
-            // h2load's time covers the measurement, the CPU the warm-up
-            // too: CPU per request is over both.
-            let total = ok.max(1);
-            cell.rates.push(ok as f64 / t.max(1e-9));
+            cell.failed += run.failed;
+            cell.requests += run.succeeded;
+            // h2load counts requests over its measurement only, the CPU
+            // covers the whole run (warm-up, connections, their end): the
+            // measurement's share of the run's CPU per request counted.
+            let share = (run.measured_secs() / wall.max(1e-9)).min(1.0);
+            cell.rates.push(run.per_sec);
             cell.cpus
-                .push(cpu_ns as f64 / 1000.0 / total as f64 * (t / (t + warmup)));
+                .push(cpu_ns as f64 * share / 1000.0 / run.succeeded.max(1) as f64);
         }
     }
     for cell in &cells {
@@ -226,6 +336,8 @@ pub fn run(
                 )
             });
         let cpu = median(cell.cpus.clone());
+        let server_busy = median(cell.server_busy.clone());
+        let generator_busy = median(cell.generator_busy.clone());
         results.h2.push(H2Row {
             target: target.kind(),
             case: cell.name.clone(),
@@ -240,21 +352,69 @@ pub fn run(
             requests: cell.requests,
             failed: cell.failed,
             per_repeat_ratio_to_http1,
+            server_busy,
+            generator_busy,
+            generator_bound: generator_busy >= CLIENT_SATURATED && server_busy < SERVER_BUSY,
+            offered_per_sec: case.offered_per_sec(),
         });
     }
     Ok(())
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn reads_h2loads_summary() {
-        let out = "starting benchmark...\nfinished in 3.00s, 27191.57 req/s, 27.98MB/s\nrequests: 81574 total, 81674 started, 81574 done, 81570 succeeded, 3 failed, 1 errored, 0 timeout\n";
-        assert_eq!(parse_h2load(out), Some((81570, 4, 3.0)));
-        let out = "finished in 735.52ms, 27191.57 req/s\nrequests: 20 total, 20 started, 20 done, 20 succeeded, 0 failed, 0 errored, 0 timeout\n";
-        assert_eq!(parse_h2load(out), Some((20, 0, 0.73552)));
+        // h2load 1.52 with a 1 s warm-up and 2 s of measurement.
+        let out = "starting benchmark...\nfinished in 3.01s, 971.50 req/s, 974.47MB/s\nrequests: 1943 total, 1943 started, 1943 done, 1940 succeeded, 2 failed, 1 errored, 0 timeout\n";
+        let run = parse_h2load(out).unwrap();
+        assert_eq!(
+            run,
+            H2Load {
+                succeeded: 1940,
+                failed: 3,
+                finished_secs: 3.01,
+                per_sec: 971.5
+            }
+        );
+        assert!((run.measured_secs() - 1940.0 / 971.5).abs() < 1e-9);
+        let out = "finished in 735.52ms, 27.19 req/s\nrequests: 20 total, 20 started, 20 done, 20 succeeded, 0 failed, 0 errored, 0 timeout\n";
+        let run = parse_h2load(out).unwrap();
+        assert!((run.finished_secs - 0.73552).abs() < 1e-9);
+        assert_eq!(run.succeeded, 20);
         assert_eq!(parse_h2load("nothing"), None);
+        assert_eq!(
+            parse_h2load(
+                "finished in 3.00s\nrequests: 1 total, 1 succeeded, 0 failed, 0 errored\n"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_fixed_load_row_short_of_its_offered_rate_says_so() {
+        let row = |per_sec, offered| H2Row {
+            target: TargetKind::Tlsgate,
+            case: "1m".into(),
+            protocol: "h2".into(),
+            requests_per_sec: per_sec,
+            server_cpu_us_per_req: 600.0,
+            mb_per_cpu_sec: 1700.0,
+            requests: 1800,
+            failed: 0,
+            per_repeat_ratio_to_http1: None,
+            server_busy: 0.5,
+            generator_busy: 0.5,
+            generator_bound: false,
+            offered_per_sec: offered,
+        };
+        assert!(!row(600.0, Some(600.0)).missed_offered_load());
+        assert!(!row(575.0, Some(600.0)).missed_offered_load());
+        assert!(row(450.0, Some(600.0)).missed_offered_load());
+        // A saturated row has no offered load to fall short of.
+        assert!(!row(450.0, None).missed_offered_load());
     }
 }

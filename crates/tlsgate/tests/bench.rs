@@ -243,10 +243,27 @@ fn quick_bench_measures_every_scenario_on_every_target() {
             }
         }
     }
-    // HTTP/2 with h2load: two cases on every target, over h2 and HTTP/1.1.
+    // HTTP/2 with h2load: three cases on every target (the last at an
+    // offered load), over h2 and HTTP/1.1.
     let h2 = results["h2"].as_array().unwrap();
-    assert_eq!(h2.len(), 2 * 3 * 2, "{h2:?}");
+    assert_eq!(h2.len(), 3 * 3 * 2, "{h2:?}");
+    let offered: Vec<_> = h2
+        .iter()
+        .filter_map(|r| r["offered_per_sec"].as_f64())
+        .collect();
+    assert_eq!(offered, vec![400.0; 3 * 2], "{h2:?}");
     for r in h2 {
+        // How busy the server and the generator's core were: the server's
+        // CPU is a share of the run's wall time (one worker: at most about
+        // one core), the generator's is measured where it is pinned.
+        let server_busy = r["server_busy"].as_f64().unwrap();
+        assert!(server_busy > 0.0 && server_busy < 1.5, "{r}");
+        let generator_busy = r["generator_busy"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&generator_busy), "{r}");
+        if pinned {
+            assert!(generator_busy > 0.0, "{r}");
+        }
+        assert!(r["generator_bound"].is_boolean(), "{r}");
         // Only requests in flight when h2load's time was up may fail.
         assert!(
             r["failed"].as_u64().unwrap() * 100 <= r["requests"].as_u64().unwrap(),
