@@ -24,7 +24,7 @@ use std::time::Instant;
 use crate::crosscheck::{on_core, run_tools, tool_command};
 use crate::error::BenchError;
 use crate::materials::{size_name, Materials};
-use crate::report::{Results, CLIENT_SATURATED, SERVER_BUSY};
+use crate::report::{generator_limited, Results};
 use crate::scenario::BenchOptions;
 use crate::targets::{Target, TargetKind};
 
@@ -58,9 +58,6 @@ pub struct H2Row {
     /// a generator core.
     #[serde(default)]
     pub generator_busy: f64,
-    /// The generator, not the server, was the limit.
-    #[serde(default)]
-    pub generator_bound: bool,
     /// Fixed-load rows: the requests per second offered (h2load `--rps`
     /// per connection × connections).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +65,11 @@ pub struct H2Row {
 }
 
 impl H2Row {
+    /// The generator, not the server, was the limit.
+    pub fn generator_bound(&self) -> bool {
+        generator_limited(self.generator_busy, self.server_busy)
+    }
+
     /// A fixed-load row whose server did not keep up with the offered
     /// rate: it ran saturated, so it does not compare at equal load.
     pub fn missed_offered_load(&self) -> bool {
@@ -354,7 +356,6 @@ pub fn run(
             per_repeat_ratio_to_http1,
             server_busy,
             generator_busy,
-            generator_bound: generator_busy >= CLIENT_SATURATED && server_busy < SERVER_BUSY,
             offered_per_sec: case.offered_per_sec(),
         });
     }
@@ -395,7 +396,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fixed_load_row_short_of_its_offered_rate_says_so() {
+    fn a_row_says_when_it_missed_its_offered_load_or_the_generator_was_the_limit() {
         let row = |per_sec, offered| H2Row {
             target: TargetKind::Tlsgate,
             case: "1m".into(),
@@ -408,7 +409,6 @@ mod tests {
             per_repeat_ratio_to_http1: None,
             server_busy: 0.5,
             generator_busy: 0.5,
-            generator_bound: false,
             offered_per_sec: offered,
         };
         assert!(!row(600.0, Some(600.0)).missed_offered_load());
@@ -416,5 +416,13 @@ mod tests {
         assert!(row(450.0, Some(600.0)).missed_offered_load());
         // A saturated row has no offered load to fall short of.
         assert!(!row(450.0, None).missed_offered_load());
+        // The generator is the limit only while the server is not busy.
+        let mut limited = row(1000.0, None);
+        assert!(!limited.generator_bound());
+        limited.generator_busy = 0.97;
+        limited.server_busy = 0.8;
+        assert!(limited.generator_bound());
+        limited.server_busy = 0.95;
+        assert!(!limited.generator_bound());
     }
 }

@@ -34,6 +34,12 @@ pub const CLIENT_SATURATED: f64 = 0.90;
 /// Server utilization (of its one core) considered saturated.
 pub const SERVER_BUSY: f64 = 0.90;
 
+/// Whether a generator this busy (its cores' share) limited a server this
+/// busy (its CPU ÷ wall time): [`CLIENT_SATURATED`] against [`SERVER_BUSY`].
+pub fn generator_limited(generator_busy: f64, server_busy: f64) -> bool {
+    generator_busy >= CLIENT_SATURATED && server_busy < SERVER_BUSY
+}
+
 /// One measurement: one target, one case, one repeat.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Cell {
@@ -81,8 +87,7 @@ impl Cell {
     ) -> Self {
         let server_cpu_secs = server_cpu_ns as f64 / 1e9;
         let server_utilization = ratio(server_cpu_secs, load.window_secs);
-        let generator_bound =
-            load.client_utilization() >= CLIENT_SATURATED && server_utilization < SERVER_BUSY;
+        let generator_bound = generator_limited(load.client_utilization(), server_utilization);
         Self {
             scenario: scenario.into(),
             case: case.into(),
@@ -744,11 +749,11 @@ impl Results {
         let _ = writeln!(
             out,
             "\n## HTTP/2 (h2load)\n\n`h2load -t 1` pinned to the generator's core drives each target over HTTP/2 (many streams per connection) and over HTTP/1.1 (`--h1`, one request in flight per connection). Server CPU over the whole run (warm-up included, prorated); medians of the repeats, which run every cell once each, interleaved. The last column is a target's h2 bytes per CPU-second ÷ its own HTTP/1.1 figure for the same file, the median of each repeat's pair (issue 17's goal for tlsgate at 1 MiB: at least 1; the peers' say what HTTP/2 costs them). Busy shares are the server's CPU ÷ the run's wall time and the generator core's share of the same time; ⚠ marks a row the generator limited (its core ≥ {:.0} % busy, the server < {:.0} %): such a row measures how fast the client takes each protocol in as much as what the server spends. The rows with an offered load send that many requests per second (`--rps`), the same for both protocols, below what the server answers at full speed: there CPU per byte compares at equal work (a row that fell short of its offered load says so).\n\n| target | case | protocol | req/s | server CPU µs/req | body MB per CPU-s | server busy | generator busy | h2 ÷ HTTP/1.1 bytes per CPU-s |\n|---|---|---|---:|---:|---:|---:|---:|---:|",
-            crate::report::CLIENT_SATURATED * 100.0,
-            crate::report::SERVER_BUSY * 100.0,
+            CLIENT_SATURATED * 100.0,
+            SERVER_BUSY * 100.0,
         );
         for r in &self.h2 {
-            let mark = if r.generator_bound { " ⚠" } else { "" };
+            let mark = if r.generator_bound() { " ⚠" } else { "" };
             let short = if r.missed_offered_load() {
                 " (offered load not reached)"
             } else {

@@ -11,7 +11,7 @@ use tlsgate_loadgen::{
 
 use crate::error::BenchError;
 use crate::proc::{CoreTicks, ProcessTree, Sample};
-use crate::report::{Cell, CLIENT_SATURATED, SERVER_BUSY};
+use crate::report::{generator_limited, Cell};
 use crate::targets::Target;
 
 /// Which cores the server and the generator use.
@@ -200,8 +200,7 @@ impl Runner {
             open.target.pss_bytes,
             close.target.pss_bytes,
         );
-        if core_busy.is_some_and(|b| b >= CLIENT_SATURATED) && cell.server_utilization < SERVER_BUSY
-        {
+        if core_busy.is_some_and(|b| generator_limited(b, cell.server_utilization)) {
             cell.generator_bound = true;
         }
         Ok(cell)

@@ -263,7 +263,6 @@ fn quick_bench_measures_every_scenario_on_every_target() {
         if pinned {
             assert!(generator_busy > 0.0, "{r}");
         }
-        assert!(r["generator_bound"].is_boolean(), "{r}");
         // Only requests in flight when h2load's time was up may fail.
         assert!(
             r["failed"].as_u64().unwrap() * 100 <= r["requests"].as_u64().unwrap(),

@@ -966,12 +966,6 @@ fn trickle_is_reset(s: &Server, path: &str) {
     assert!(t0.elapsed() >= Duration::from_secs(2));
 }
 
-/// A graceful GOAWAY (here for `max_requests_per_connection`) names the
-/// last stream only once the client answers its PING. A client that
-/// never answers used to be served every stream it opened after it, for
-/// as long as it liked. Now streams opened 5 s after the GOAWAY are
-/// refused (REFUSED_STREAM), and the connection ends a send timeout (2 s
-/// here) after none is open.
 /// A connection the server ends after its own GOAWAY (here: the request
 /// limit) closes with close_notify, and reads what the client still sends
 /// for a while: a WINDOW_UPDATE the client sends for the last DATA after
@@ -1043,6 +1037,12 @@ fn a_connection_ended_by_its_goaway_closes_cleanly_and_takes_the_clients_last_fr
     });
 }
 
+/// A graceful GOAWAY (here for `max_requests_per_connection`) names the
+/// last stream only once the client answers its PING. A client that
+/// never answers used to be served every stream it opened after it, for
+/// as long as it liked. Now streams opened 5 s after the GOAWAY are
+/// refused (REFUSED_STREAM), and the connection ends a send timeout (2 s
+/// here) after none is open.
 #[test]
 fn a_client_that_ignores_goaway_gets_no_new_streams_after_a_while() {
     const REFUSED_STREAM: u32 = 0x7;
