@@ -9,7 +9,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tlsgate_metrics::ReasonLabel;
-use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 use crate::flood::HandshakeSlot;
@@ -49,7 +48,7 @@ async fn run(shared: Arc<Shared>, sockets: Vec<WorkerSocket>) {
     let tracker = TaskTracker::new();
     let mut loops = Vec::new();
     for ws in sockets {
-        match TcpListener::from_std(ws.socket) {
+        match tlsgate_sys::accept::Listener::new(ws.socket) {
             Ok(l) => loops.push(tokio::spawn(accept_loop(
                 shared.clone(),
                 ws.listener,
@@ -103,7 +102,7 @@ async fn sweep_file_caches(shared: Arc<Shared>) {
 async fn accept_loop(
     shared: Arc<Shared>,
     listener_idx: usize,
-    listener: TcpListener,
+    listener: tlsgate_sys::accept::Listener,
     tracker: TaskTracker,
 ) {
     let mut shutdown = shared.shutdown.subscribe();

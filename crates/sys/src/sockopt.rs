@@ -1,5 +1,6 @@
 //! Socket options no safe wrapper offers (kTLS's `TCP_ULP` and `SOL_TLS`,
-//! `TCP_DEFER_ACCEPT`), set through one `unsafe` call.
+//! `TCP_DEFER_ACCEPT`), set through one `unsafe` call, and `TCP_INFO`
+//! read through another.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -40,4 +41,29 @@ pub(crate) fn setsockopt_int(
         (&v as *const libc::c_int).cast(),
         mem::size_of::<libc::c_int>(),
     )
+}
+
+/// `getsockopt(TCP_INFO)`: the kernel's view of a TCP socket.
+pub(crate) fn tcp_info(sock: BorrowedFd<'_>) -> io::Result<libc::tcp_info> {
+    // SAFETY: `tcp_info` is a C struct of integers, for which all zero
+    // bytes are a valid value.
+    let mut info: libc::tcp_info = unsafe { mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(mem::size_of::<libc::tcp_info>())
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: `info` is a live, writable `tcp_info` of `len` bytes; the
+    // kernel writes at most `len` bytes into it and keeps no pointer.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(info)
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
