@@ -70,17 +70,12 @@ impl Listener {
             }
         }
     }
-
-    /// The listening socket.
-    pub fn get_ref(&self) -> &TcpListener {
-        self.fd.get_ref()
-    }
 }
 
 /// Accepts one connection from a non-blocking listener: the new socket is
 /// non-blocking and close-on-exec from its `accept4` (no `fcntl` after),
 /// with the peer's address. `WouldBlock` when the accept queue is empty.
-pub fn accept_nonblocking(listener: &TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+fn accept_nonblocking(listener: &TcpListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
     use rustix::net::SocketFlags;
     let (fd, peer) =
         rustix::net::acceptfrom_with(listener, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)?;
@@ -92,7 +87,7 @@ pub fn accept_nonblocking(listener: &TcpListener) -> io::Result<(std::net::TcpSt
 
 /// How many connections wait in a listening socket's accept queue
 /// (`TCP_INFO` of a socket in LISTEN state reports it as `tcpi_unacked`).
-pub fn accept_queue_len(listener: &TcpListener) -> io::Result<u32> {
+fn accept_queue_len(listener: &TcpListener) -> io::Result<u32> {
     const TCP_LISTEN: u8 = 10;
     let info = crate::sockopt::tcp_info(listener.as_fd())?;
     if info.tcpi_state != TCP_LISTEN {
@@ -170,7 +165,7 @@ mod tests {
             let burst: Vec<_> = (0..20)
                 .map(|_| std::net::TcpStream::connect(addr).unwrap())
                 .collect();
-            wait_for_queue(listener.get_ref(), 20);
+            wait_for_queue(listener.fd.get_ref(), 20);
             let mut peers = Vec::new();
             for _ in 0..20 {
                 let (_, peer) = tokio::time::timeout(Duration::from_secs(2), listener.accept())
@@ -183,7 +178,7 @@ mod tests {
             peers.sort();
             ours.sort();
             assert_eq!(peers, ours);
-            assert_eq!(accept_queue_len(listener.get_ref()).unwrap(), 0);
+            assert_eq!(accept_queue_len(listener.fd.get_ref()).unwrap(), 0);
             // One by one, from another thread, each after the listener has
             // found the queue empty and gone back to waiting.
             let client = std::thread::spawn(move || {

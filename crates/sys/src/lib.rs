@@ -5,8 +5,9 @@
 //!
 //! This is the one crate where `unsafe` is allowed, each call behind a
 //! small function with a `// SAFETY:` note, in the modules that need it
-//! ([`accept`]'s registration of a listener with tokio, [`resident`]'s `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS,
-//! `TCP_DEFER_ACCEPT`; `getsockopt(TCP_INFO)`), [`ktls`]'s control messages, [`packet`]'s
+//! ([`accept`]'s registration of a listener with tokio, [`resident`]'s
+//! `mmap`/`mlock`, `sockopt`'s `setsockopt` (kTLS, `TCP_DEFER_ACCEPT`) and
+//! `getsockopt(TCP_INFO)`, [`ktls`]'s control messages, [`packet`]'s
 //! `AF_PACKET` socket and `BPF_PROG_RUN` call for the SYN flood
 //! generator, [`bpf`]'s link queries (is SynGate still attached?), [`netdev`]'s `SIOCGIFMTU`/`SIOCGIFHWADDR` ioctls for
 //! SynGate, [`fileread`]'s reads into spare capacity, [`suspend`]'s
