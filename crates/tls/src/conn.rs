@@ -339,6 +339,7 @@ pub async fn accept(sock: TcpStream, ctx: &TlsContext) -> Result<TlsConnection, 
         write_closed: false,
         session: None,
         send_before_waiting: true,
+        unsent_plaintext: 0,
     };
     if tls12 {
         // The first flight goes out now, its session ID noted.
@@ -380,6 +381,9 @@ pub struct TlsConnection {
     /// `poll_read` sends what rustls queued before it waits (see there);
     /// off when the caller sends at the end of every turn anyway.
     send_before_waiting: bool,
+    /// Plaintext `poll_write` encrypted since rustls' records were last
+    /// all sent: what decides when a write sends them first (see there).
+    unsent_plaintext: usize,
 }
 
 // Boxing rustls' state would cost an allocation per connection to save
@@ -1045,6 +1049,7 @@ impl TlsConnection {
                 return Ok(waited);
             };
             if !tls.wants_write() {
+                self.unsent_plaintext = 0;
                 return Ok(waited);
             }
             let sent = if last {

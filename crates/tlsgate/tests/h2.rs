@@ -450,14 +450,18 @@ fn rustls_h2_client_with_100_concurrent_streams_on_one_connection() {
 /// their header (16,375 bytes), all but the last, when the client's
 /// windows leave room: no frame cut short by the server's own buffer
 /// arithmetic (it sent a 36-byte frame, a record of its own, after every
-/// four whole ones).
+/// four whole ones), and no record cut short by the TLS layer's (the
+/// fourth frame of every 64 KiB went as records of 16,318 and 66 bytes,
+/// the second in a write of its own; watched on the wire, where record
+/// headers travel in the clear).
 #[test]
 fn a_big_body_goes_in_frames_that_fill_records() {
     let f = Fixture::new();
     let s = Server::start(&f, &config(&f, "[access_log]\ntarget = \"off\"", ""));
     let big = f.big.clone();
-    let sizes = rt().block_on(async {
-        let tls = connect_h2(s.addr).await;
+    let (sizes, records) = rt().block_on(async {
+        let (relay, records) = record_watching_relay(s.addr).await;
+        let tls = connect_h2(relay).await;
         let (client, conn) = h2::client::Builder::new()
             .initial_window_size(16 << 20)
             .initial_connection_window_size(64 << 20)
@@ -480,13 +484,89 @@ fn a_big_body_goes_in_frames_that_fill_records() {
             data.extend_from_slice(&chunk);
         }
         assert!(data == big, "the 1 MiB body differs");
-        sizes
+        let records = records.lock().unwrap().clone();
+        (sizes, records)
     });
     let (last, whole) = sizes.split_last().unwrap();
     assert!(
         whole.iter().all(|&n| n == 16_375) && *last <= 16_375,
         "DATA frames not of a record's size: {sizes:?}"
     );
+    // Application data records (type 23) the server sent. The first frame
+    // shares h2's write with the response's HEADERS and fills a record and
+    // a bit of the next; from the second full record to the last, every
+    // record is full.
+    let lengths: Vec<usize> = records
+        .iter()
+        .filter(|(kind, _)| *kind == 23)
+        .map(|&(_, len)| len)
+        .collect();
+    let full = lengths.iter().copied().max().unwrap();
+    let first = lengths.iter().position(|&l| l == full).unwrap();
+    let end = lengths.iter().rposition(|&l| l == full).unwrap();
+    let second = first
+        + 1
+        + lengths[first + 1..]
+            .iter()
+            .position(|&l| l == full)
+            .unwrap();
+    let body = &lengths[second..=end];
+    assert!(
+        body.len() + 1 >= whole.len() && body.iter().all(|&l| l == full),
+        "records of the body not all full ({full} bytes): {body:?} (all: {records:?})"
+    );
+}
+
+/// A TCP relay to `server` for one client, noting the type and length of
+/// every TLS record the server sends (their 5-byte headers are in the
+/// clear). Returns the relay's address and the records as they passed.
+async fn record_watching_relay(
+    server: SocketAddr,
+) -> (SocketAddr, Arc<std::sync::Mutex<Vec<(u8, usize)>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        let (client, _) = listener.accept().await.unwrap();
+        let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_server, mut to_server) = upstream.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+            let _ = to_server.shutdown().await;
+        });
+        let mut buf = vec![0u8; 1 << 16];
+        // The header being read, and what is left of the record it began.
+        let (mut header, mut body_left) = (Vec::with_capacity(5), 0usize);
+        loop {
+            let n = match from_server.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut at = &buf[..n];
+            while !at.is_empty() {
+                if body_left > 0 {
+                    let k = body_left.min(at.len());
+                    body_left -= k;
+                    at = &at[k..];
+                    continue;
+                }
+                let k = (5 - header.len()).min(at.len());
+                header.extend_from_slice(&at[..k]);
+                at = &at[k..];
+                if header.len() == 5 {
+                    body_left = usize::from(u16::from_be_bytes([header[3], header[4]]));
+                    log.lock().unwrap().push((header[0], body_left));
+                    header.clear();
+                }
+            }
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    });
+    (addr, seen)
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::{Layer, SyncIo, TlsConnection, TrackedRead};
+use super::{Layer, SyncIo, TlsConnection, TrackedRead, SEND_BUFFER};
 
 fn kernel_layer() -> io::Error {
     io::Error::new(
@@ -27,6 +27,7 @@ impl TlsConnection {
                 return Poll::Ready(Err(kernel_layer()));
             };
             if !tls.wants_write() {
+                self.unsent_plaintext = 0;
                 return Poll::Ready(Ok(()));
             }
             match tls.write_tls(&mut SyncIo(&self.sock)) {
@@ -172,6 +173,14 @@ impl AsyncWrite for TlsConnection {
 
     /// Several buffers into the same records: a frame header and its
     /// payload share a record instead of the header making one of its own.
+    ///
+    /// A write is encrypted whole: one that would not fit under
+    /// `SEND_BUFFER` beside what this interface encrypted since the last
+    /// send sends those records first. rustls' own limit would take the
+    /// part that fits and leave the rest for a record of its own: an h2
+    /// DATA frame sized to fill a record became records of 16,318 and
+    /// 66 bytes, the second in a `writev`, a segment and a wake-up of the
+    /// client of its own, once per 64 KiB sent.
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -179,11 +188,26 @@ impl AsyncWrite for TlsConnection {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if this.unsent_plaintext > 0 && this.unsent_plaintext + total > SEND_BUFFER {
+            ready!(this.poll_send_records(cx))?;
+        }
         loop {
             let Layer::User(tls) = &mut this.layer else {
                 return Poll::Ready(Err(kernel_layer()));
             };
-            let n = tls.writer().write_vectored(bufs)?;
+            // With nothing of ours buffered, rustls' limit bounds a large
+            // write; otherwise the check above did (the records' framing
+            // may take the buffer past the limit by a few bytes each).
+            let whole = this.unsent_plaintext > 0;
+            if whole {
+                tls.set_buffer_limit(None);
+            }
+            let n = tls.writer().write_vectored(bufs);
+            if whole {
+                tls.set_buffer_limit(Some(SEND_BUFFER));
+            }
+            let n = n?;
+            this.unsent_plaintext += n;
             if n > 0 || total == 0 {
                 return Poll::Ready(Ok(n));
             }
