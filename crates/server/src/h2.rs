@@ -17,6 +17,7 @@
 //! worker's deadline.
 
 mod budget;
+mod chunks;
 pub mod frames;
 mod guard;
 mod proxy;
@@ -784,12 +785,11 @@ async fn send_file(
         }
         // The read's bytes are budgeted until h2 has written the last
         // frame cut from them; the stream waits here, holding no buffer,
-        // while its connection's or worker's budget is spent. Each read
-        // gets a buffer of its own size (a 1 KiB body takes 1 KiB), read
-        // into its spare capacity, not zero-filled first, and freed with
-        // its budget.
+        // while its connection's or worker's budget is spent. A read
+        // goes into the spare capacity of a buffer of the worker's (see
+        // [`chunks`]), not zero-filled first, given back with its budget.
         let held = budget.take(n).await.ok_or(Broken::Gone)?;
-        let mut pool = BytesMut::with_capacity(n);
+        let mut pool = chunks::buffer(n);
         let got = match body_piece(file, &mut pool, n, start + done) {
             Ok(0) | Err(_) => {
                 // The head promised a length we cannot deliver.
@@ -804,7 +804,7 @@ async fn send_file(
         cx.shared.metrics.count_body("userspace", got as u64);
         // One DATA frame per TLS record: a frame of 16384 bytes with its
         // 9-byte header would take a full record and a 9-byte one.
-        let mut data = budget::budgeted(pool.freeze(), held);
+        let mut data = chunks::frames_of(pool, held);
         while data.len() > FRAME_IN_RECORD {
             let frame = data.split_to(FRAME_IN_RECORD);
             send.send_data(frame, false).map_err(|_| Broken::Gone)?;

@@ -91,6 +91,24 @@ pub(super) struct Held {
     buffered: Gauge,
 }
 
+#[cfg(test)]
+impl Held {
+    /// Budget of nothing, for tests of what holds it.
+    pub fn none() -> Self {
+        let none = || {
+            Arc::new(Semaphore::new(0))
+                .try_acquire_many_owned(0)
+                .unwrap_or_else(|_| unreachable!("zero permits are always there"))
+        };
+        Self {
+            _conn: none(),
+            _worker: none(),
+            bytes: 0,
+            buffered: Gauge::default(),
+        }
+    }
+}
+
 impl Drop for Held {
     fn drop(&mut self) {
         self.buffered.dec_by(self.bytes);
@@ -166,18 +184,21 @@ impl SendBudget {
 }
 
 /// `data` as `Bytes` that keep `held` until the last frame cut from them
-/// is dropped (h2 has written it).
-pub(super) fn budgeted(data: Bytes, held: Held) -> Bytes {
+/// is dropped (h2 has written it), and `data` with it.
+pub(super) fn budgeted<D>(data: D, held: Held) -> Bytes
+where
+    D: AsRef<[u8]> + Send + 'static,
+{
     Bytes::from_owner(Piece { data, _held: held })
 }
 
-struct Piece {
-    data: Bytes,
+struct Piece<D> {
+    data: D,
     _held: Held,
 }
 
-impl AsRef<[u8]> for Piece {
+impl<D: AsRef<[u8]>> AsRef<[u8]> for Piece<D> {
     fn as_ref(&self) -> &[u8] {
-        &self.data
+        self.data.as_ref()
     }
 }
