@@ -776,10 +776,21 @@ async fn send_file(
     let chunk = whole_frames(stream_send_buffer(&cx.gen.config.http2).min(budget.max_read()));
     let mut done: u64 = 0;
     while done < len {
-        let want = usize::try_from(len - done).map_or(chunk, |r| r.min(chunk));
+        // A tail shorter than a frame goes with the chunk before it: read
+        // apart, it became a frame sent a turn later, in a `writev` of its
+        // own (607 bytes after every 1 MiB file).
+        let want = match usize::try_from(len - done) {
+            Ok(rest) if rest < chunk + FRAME_IN_RECORD && rest <= budget.max_read() => rest,
+            Ok(rest) => rest.min(chunk),
+            Err(_) => chunk,
+        };
         let granted = progress.room(send, want).await?;
         let mut n = granted.min(want);
-        if n < want && n > FRAME_IN_RECORD {
+        if n < want && n >= chunk {
+            // Room for the chunk, not its tail: h2 keeps the tail until
+            // the client's window takes it (a frame at most).
+            n = want;
+        } else if n < want && n > FRAME_IN_RECORD {
             // A window's odd end waits for the next grant, not a small frame.
             n -= n % FRAME_IN_RECORD;
         }

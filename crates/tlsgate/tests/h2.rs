@@ -446,6 +446,56 @@ fn rustls_h2_client_with_100_concurrent_streams_on_one_connection() {
     s.expect_metric_line("tlsgate_h2_streams_open 0\n");
 }
 
+/// An h2 client over `tls` whose windows never hold the server back
+/// (16 MiB a stream, 64 MiB the connection), its connection driven by a
+/// task of its own.
+async fn wide_window_client<T>(
+    tls: T,
+) -> (h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(16 << 20)
+        .initial_connection_window_size(64 << 20)
+        .handshake::<_, Bytes>(tls)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (client, conn)
+}
+
+/// big.bin fetched over `client`: its body and the size of each DATA
+/// frame's payload (h2 hands each over as one chunk).
+async fn fetch_big(client: &h2::client::SendRequest<Bytes>) -> (Vec<u8>, Vec<usize>) {
+    let mut client = client.clone().ready().await.unwrap();
+    let req = http::Request::get("https://localhost/big.bin")
+        .body(())
+        .unwrap();
+    let (resp, _) = client.send_request(req, true).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    let (mut data, mut sizes) = (Vec::new(), Vec::new());
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+        sizes.push(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    (data, sizes)
+}
+
+/// The server's writes of TLS records to clients among strace's `calls`
+/// (record types 22, handshake, and 23, application data), not the key
+/// lane's or the access log's messages.
+fn writes_to_clients(calls: &[String]) -> Vec<&String> {
+    calls
+        .iter()
+        .filter(|l| l.contains("iov_base=\"\\26\\3\\3") || l.contains("iov_base=\"\\27\\3\\3"))
+        .collect()
+}
+
 /// A big body leaves in DATA frames that each fill a TLS record with
 /// their header (16,375 bytes), all but the last, when the client's
 /// windows leave room: no frame cut short by the server's own buffer
@@ -461,28 +511,8 @@ fn a_big_body_goes_in_frames_that_fill_records() {
     let big = f.big.clone();
     let (sizes, records) = rt().block_on(async {
         let (relay, records) = record_watching_relay(s.addr).await;
-        let tls = connect_h2(relay).await;
-        let (client, conn) = h2::client::Builder::new()
-            .initial_window_size(16 << 20)
-            .initial_connection_window_size(64 << 20)
-            .handshake::<_, Bytes>(tls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let mut client = client.ready().await.unwrap();
-        let req = http::Request::get("https://localhost/big.bin")
-            .body(())
-            .unwrap();
-        let (resp, _) = client.send_request(req, true).unwrap();
-        let mut body = resp.await.unwrap().into_body();
-        let (mut data, mut sizes) = (Vec::new(), Vec::new());
-        // h2 hands over each DATA frame's payload as one chunk.
-        while let Some(chunk) = body.data().await {
-            let chunk = chunk.unwrap();
-            body.flow_control().release_capacity(chunk.len()).unwrap();
-            sizes.push(chunk.len());
-            data.extend_from_slice(&chunk);
-        }
+        let (client, _conn) = wide_window_client(connect_h2(relay).await).await;
+        let (data, sizes) = fetch_big(&client).await;
         assert!(data == big, "the 1 MiB body differs");
         let records = records.lock().unwrap().clone();
         (sizes, records)
@@ -511,6 +541,42 @@ fn a_big_body_goes_in_frames_that_fill_records() {
     assert!(
         body.len() + 1 >= whole.len() && body.iter().all(|&l| l == full),
         "records of the body not all full ({full} bytes): {body:?} (all: {records:?})"
+    );
+}
+
+/// A file goes out in one `writev` per 64 KiB of records: a response's
+/// HEADERS rides with its first chunk, and a tail shorter than a frame
+/// (big.bin is 1 MiB and 7 bytes) with the last. strace counting, 6 ×
+/// big.bin on one connection: 111 writes before (the first chunk in two,
+/// the tail in one of its own), 99 now.
+#[test]
+fn a_big_body_leaves_in_one_write_per_64_kib() {
+    let f = Fixture::new();
+    let s = Server::start(&f, &config(&f, "[access_log]\ntarget = \"off\"", ""));
+    let fetches = 6;
+    let calls = traced_calls(&f, &["trace=writev,sendmsg"], s.pid(), || {
+        rt().block_on(async {
+            let (client, conn) = wide_window_client(connect_h2(s.addr).await).await;
+            for _ in 0..fetches {
+                let (data, _) = fetch_big(&client).await;
+                assert!(data == f.big, "the 1 MiB body differs");
+            }
+            drop(client);
+            let _ = conn.await;
+        });
+    });
+    // TLS 1.3: every record after the ServerHello is application data.
+    let writes = writes_to_clients(&calls).len();
+    eprintln!("{writes} writes to the client for {fetches} x big.bin");
+    // 16 a response (and the first request's write with the tickets and
+    // SETTINGS, the end's): one more per response fails.
+    assert!(
+        writes <= fetches * 17 + 2,
+        "{writes} writes for {fetches} x 1 MiB: {calls:#?}"
+    );
+    assert!(
+        writes >= fetches * 16,
+        "strace saw too few writes: {calls:#?}"
     );
 }
 
@@ -1343,12 +1409,7 @@ fn a_new_connection_answers_its_first_request_in_one_write_after_the_flight() {
             one_shot_h2_get(s.addr);
         }
     });
-    // TLS records to the clients (handshake or application data), not the
-    // key lane's or the access log's messages.
-    let to_clients: Vec<&String> = calls
-        .iter()
-        .filter(|l| l.contains("iov_base=\"\\26\\3\\3") || l.contains("iov_base=\"\\27\\3\\3"))
-        .collect();
+    let to_clients = writes_to_clients(&calls);
     assert!(
         to_clients.len() <= 2 * connections,
         "{} writes for {connections} new connections: {to_clients:#?}",

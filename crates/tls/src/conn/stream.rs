@@ -19,6 +19,13 @@ fn kernel_layer() -> io::Error {
     )
 }
 
+/// What the poll interface's writes may take past `SEND_BUFFER` before
+/// the records are sent: a response's HEADERS frame shares h2's write
+/// with its first DATA frame, and without the slack the fourth full
+/// frame after it no longer fit: every response's first 64 KiB left in
+/// two `writev`s (49,290 and 16,406 bytes), not one.
+const WRITE_SLACK: usize = 2 * 1024;
+
 impl TlsConnection {
     /// Sends every pending TLS record, waiting for the socket as needed.
     fn poll_send_records(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -175,8 +182,8 @@ impl AsyncWrite for TlsConnection {
     /// payload share a record instead of the header making one of its own.
     ///
     /// A write is encrypted whole: one that would not fit under
-    /// `SEND_BUFFER` beside what this interface encrypted since the last
-    /// send sends those records first. rustls' own limit would take the
+    /// `SEND_BUFFER` (and [`WRITE_SLACK`]) beside what this interface
+    /// encrypted since the last send sends those records first. rustls' own limit would take the
     /// part that fits and leave the rest for a record of its own: an h2
     /// DATA frame sized to fill a record became records of 16,318 and
     /// 66 bytes, the second in a `writev`, a segment and a wake-up of the
@@ -188,7 +195,7 @@ impl AsyncWrite for TlsConnection {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if this.unsent_plaintext > 0 && this.unsent_plaintext + total > SEND_BUFFER {
+        if this.unsent_plaintext > 0 && this.unsent_plaintext + total > SEND_BUFFER + WRITE_SLACK {
             ready!(this.poll_send_records(cx))?;
         }
         loop {
